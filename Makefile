@@ -1,0 +1,44 @@
+# shoal — two commands do everything on a fresh Debian 12 machine:
+#   make demo   set up, then run the main job (a local cluster over a local S3 endpoint)
+#   make test   set up, then run lint, type checks, layer contracts and the test suite
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEBS := procps
+
+.PHONY: setup debs demo test lint unit integration bench clean
+
+setup: debs $(STAMP)
+
+debs:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+unit: setup
+	$(BIN)/pytest -q tests/unit
+
+demo: setup
+	$(BIN)/python -m shoal.demo
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

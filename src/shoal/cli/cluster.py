@@ -1,0 +1,133 @@
+"""``shoal up|down|master|worker``: run the roles."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from shoal.cli.local import LocalCluster, default_dir, down, load_state
+from shoal.cli.output import add_json, emit_json
+from shoal.config import MasterSettings, TierSpec, WorkerSettings, master_from_env, node_name
+from shoal.core.types import parse_size
+from shoal.errors import InvalidArgument, ShoalError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("up", help="start a local cluster (master + N workers) in the background")
+    p.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    p.add_argument(
+        "--dir", type=Path, default=None, help="cluster directory (default ~/.shoal/cluster)"
+    )
+    p.add_argument("--mem", default="256MiB", help="memory tier per worker (0 for none)")
+    p.add_argument("--disk", default="4GiB", help="disk tier per worker")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    add_json(p)
+    p.set_defaults(handler=cmd_up)
+
+    p = sub.add_parser("down", help="stop the local cluster")
+    p.add_argument("--dir", type=Path, default=None)
+    p.set_defaults(handler=cmd_down)
+
+    p = sub.add_parser("master", help="run a master in the foreground")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=19999)
+    p.add_argument("--state-dir", default=".shoal/master")
+    p.add_argument("--heartbeat-interval", type=float, default=2.0)
+    p.add_argument("--worker-expiry", type=float, default=10.0)
+    p.add_argument("--url-file", default=None, help="write the URL here once listening")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(handler=cmd_master)
+
+    p = sub.add_parser("worker", help="run a worker in the foreground")
+    p.add_argument("--master", required=False, help="master URL (default $SHOAL_MASTER)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=29999)
+    p.add_argument("--advertise-host", default="", help="address other hosts use")
+    p.add_argument("--dir", default=".shoal/worker", help="working directory")
+    p.add_argument(
+        "--tier",
+        action="append",
+        default=[],
+        metavar="NAME:PATH:SIZE",
+        help="cache tier, fastest first, e.g. mem:/dev/shm/shoal:1GiB ssd:/cache:100GiB",
+    )
+    p.add_argument("--uds", default="", help="Unix socket path (default DIR/worker.sock)")
+    p.add_argument("--node", default=None, help="node identity (default $SHOAL_NODE or hostname)")
+    p.add_argument("--ufs-concurrency", type=int, default=32)
+    p.add_argument("--url-file", default=None)
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(handler=cmd_worker)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise InvalidArgument("--workers must be at least 1")
+    parse_size(args.mem)
+    parse_size(args.disk)
+    d: Path = (args.dir or default_dir()).resolve()
+    state = load_state(d)
+    if state is not None:
+        raise InvalidArgument(
+            f"a cluster is already running from {d} at {state['master']}; `shoal down` first"
+        )
+    cluster = LocalCluster(d, workers=args.workers, mem=args.mem, disk=args.disk, host=args.host)
+    try:
+        url = cluster.start()
+    except ShoalError:
+        cluster.stop()
+        raise
+    if args.json:
+        emit_json({"master": url, "dir": str(d), "pids": cluster.pids})
+    else:
+        print(url)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    d: Path = (args.dir or default_dir()).resolve()
+    names = down(d)
+    print(f"stopped {', '.join(names)}")
+    return 0
+
+
+def cmd_master(args: argparse.Namespace) -> int:
+    from shoal.cli.main import setup_server_logging
+    from shoal.master.server import run_master
+
+    setup_server_logging(args.log_level)
+    run_master(
+        MasterSettings(
+            host=args.host,
+            port=args.port,
+            state_dir=args.state_dir,
+            heartbeat_interval=args.heartbeat_interval,
+            worker_expiry=args.worker_expiry,
+            url_file=args.url_file,
+        )
+    )
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from shoal.cli.main import setup_server_logging
+    from shoal.worker.main import run_worker
+
+    if not args.tier:
+        raise InvalidArgument("a worker needs at least one --tier NAME:PATH:SIZE")
+    setup_server_logging(args.log_level)
+    run_worker(
+        WorkerSettings(
+            master=master_from_env(args.master),
+            host=args.host,
+            port=args.port,
+            work_dir=args.dir,
+            tiers=tuple(TierSpec.parse(t) for t in args.tier),
+            uds=args.uds,
+            node=args.node or node_name(),
+            advertise_host=args.advertise_host,
+            ufs_concurrency=args.ufs_concurrency,
+            url_file=args.url_file,
+        )
+    )
+    return 0

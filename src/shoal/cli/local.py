@@ -1,0 +1,236 @@
+"""A whole cluster on this host: a master and N workers as background processes.
+
+``shoal up`` and the test fixtures use this same code. State (pids, URLs) is kept in
+``<dir>/cluster.json`` so ``shoal down`` and later commands find the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal.errors import InvalidArgument, ShoalError, Unavailable
+
+STATE = "cluster.json"
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("SHOAL_HOME", Path.home() / ".shoal")) / "cluster"
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        if proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            last = tail.strip().splitlines()[-1:] or ["(no output)"]
+            raise Unavailable(
+                f"{path.stem} exited with code {proc.returncode}: {last[0]} (see {log})"
+            )
+        time.sleep(0.02)
+    raise Unavailable(f"{path.stem} did not start within {timeout:.0f}s (see {log})")
+
+
+@dataclass
+class LocalCluster:
+    dir: Path
+    workers: int = 2
+    mem: str = "256MiB"
+    disk: str = "4GiB"
+    host: str = "127.0.0.1"
+    heartbeat: float = 1.0
+    expiry: float = 5.0
+    #: extra environment for the processes (e.g. AWS credentials for a test store)
+    env: dict[str, str] = field(default_factory=dict)
+    master_url: str = ""
+    master_port: int = 0
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+
+    # -- processes ------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+        log = self.dir / f"{name}.log"
+        env = dict(os.environ)
+        env.update(self.env)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "shoal", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        self.pids[name] = proc.pid
+        return proc, log
+
+    def start_master(self, timeout: float = 20.0) -> str:
+        url_file = self.dir / "master.url"
+        url_file.unlink(missing_ok=True)
+        proc, log = self._spawn(
+            "master",
+            [
+                "master",
+                "--host",
+                self.host,
+                "--port",
+                str(self.master_port),
+                "--state-dir",
+                str(self.dir / "master"),
+                "--url-file",
+                str(url_file),
+                "--heartbeat-interval",
+                str(self.heartbeat),
+                "--worker-expiry",
+                str(self.expiry),
+            ],
+        )
+        self.master_url = _wait_file(url_file, proc, timeout, log).strip()
+        self.master_port = int(self.master_url.rsplit(":", 1)[1])
+        return self.master_url
+
+    def worker_dir(self, i: int) -> Path:
+        return self.dir / f"worker-{i}"
+
+    def start_worker(self, i: int, timeout: float = 20.0) -> dict[str, Any]:
+        wdir = self.worker_dir(i)
+        wdir.mkdir(parents=True, exist_ok=True)
+        url_file = wdir / "worker.json"
+        url_file.unlink(missing_ok=True)
+        tiers = []
+        if self.mem and self.mem != "0":
+            shm = Path("/dev/shm")
+            base = shm if shm.is_dir() and os.access(shm, os.W_OK) else wdir
+            tiers += ["--tier", f"mem:{base}/{mem_prefix(self.dir)}{i}:{self.mem}"]
+        tiers += ["--tier", f"ssd:{wdir / 'cache'}:{self.disk}"]
+        proc, log = self._spawn(
+            f"worker-{i}",
+            [
+                "worker",
+                "--master",
+                self.master_url,
+                "--host",
+                self.host,
+                "--port",
+                "0",
+                "--dir",
+                str(wdir),
+                "--url-file",
+                str(url_file),
+                *tiers,
+            ],
+        )
+        return json.loads(_wait_file(url_file, proc, timeout, log))
+
+    def start(self) -> str:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.start_master()
+        for i in range(self.workers):
+            self.start_worker(i)
+        self.save()
+        self.wait_ring(self.workers)
+        return self.master_url
+
+    def wait_ring(self, n: int, timeout: float = 20.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.master_url + "/api/v1/ring", timeout=2) as r:
+                    if len(json.loads(r.read())["workers"]) == n:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise Unavailable(f"{n} workers did not join the ring within {timeout:.0f}s")
+
+    def save(self) -> None:
+        state = {"master": self.master_url, "pids": self.pids, "workers": self.workers}
+        tmp = self.dir / (STATE + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.dir / STATE)
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        proc = self.procs.pop(name, None)
+        pid = self.pids.pop(name, None)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        elif pid is not None:
+            _kill_pid(pid, sig, timeout)
+
+    def stop(self) -> None:
+        for name in sorted(self.pids, key=lambda n: n == "master"):
+            self.stop_process(name)
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / STATE).unlink()
+        remove_mem_tiers(self.dir)
+
+
+def mem_prefix(dir: Path) -> str:
+    """Memory-tier directory name prefix for a cluster dir (stable across processes)."""
+    return "shoal-" + hashlib.sha1(str(dir.resolve()).encode()).hexdigest()[:10] + "-w"
+
+
+def remove_mem_tiers(dir: Path) -> None:
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        for p in shm.glob(mem_prefix(dir) + "*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _kill_pid(pid: int, sig: int, timeout: float) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def load_state(dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((dir / STATE).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise InvalidArgument(f"unreadable cluster state {dir / STATE}: {exc}") from None
+
+
+def down(dir: Path) -> list[str]:
+    state = load_state(dir)
+    if state is None:
+        raise ShoalError(f"no local cluster running from {dir}")
+    names = sorted(state["pids"], key=lambda n: n == "master")
+    for name in names:
+        _kill_pid(int(state["pids"][name]), signal.SIGTERM, 10.0)
+    (dir / STATE).unlink(missing_ok=True)
+    remove_mem_tiers(dir)
+    return names

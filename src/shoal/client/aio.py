@@ -1,0 +1,584 @@
+"""AsyncClient: the implementation of the client library.
+
+A read goes: dataset definition and file metadata from the local cache (no master, no
+worker round trip within the staleness bound) -> the file's owners on the ring -> the
+first owner that answers. A worker on this host is asked over its Unix socket for the
+*location* of the pages (LOCATE) and hands over descriptors; later reads of those pages
+are a ``pread`` in the caller's process. Every page is checked against its checksum. A
+dead worker is skipped for a while and the next owner tried; when no owner can serve,
+the read falls back to under storage, counted and logged, for classified errors only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+import xxhash
+
+from shoal.client.cache import ClientCache, LocKey, PageLoc, WorkerAddr
+from shoal.client.conn import Pool, Response
+from shoal.config import ClientSettings
+from shoal.core.paging import pages_for_range
+from shoal.core.ring import Ring
+from shoal.core.types import Dataset, FileInfo, Mount, NsPath, split_path
+from shoal.errors import (
+    CorruptData,
+    DatasetNotFound,
+    IsADirectory,
+    NotFound,
+    PathOutsideDataset,
+    ProtocolError,
+    ShoalError,
+    StaleVersion,
+    Unavailable,
+    from_code,
+)
+from shoal.proto.wire import Op
+from shoal.ufs.base import UnderStore
+from shoal.ufs.registry import open_store
+
+log = logging.getLogger("shoal.client")
+
+#: seconds a worker that failed to answer is skipped
+SUSPECT_FOR = 5.0
+#: owners tried beyond the dataset's replicas before falling back to under storage
+EXTRA_OWNERS = 2
+_TOUCH_FLUSH = 256
+
+
+class AsyncClient:
+    def __init__(self, settings: ClientSettings, cache: ClientCache | None = None) -> None:
+        self.settings = settings
+        self.cache = cache or ClientCache()
+        self._pools: dict[tuple[str, bool], Pool] = {}
+        self._suspect: dict[str, float] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self._ufs: dict[tuple[str, str], UnderStore] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+
+    # -- control plane --------------------------------------------------------------
+
+    async def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, connect=5))
+        return self._http
+
+    async def _master(self, method: str, path: str, body: Any = None) -> Any:
+        http = await self._session()
+        url = self.settings.master + path
+        try:
+            async with http.request(method, url, json=body) as r:
+                try:
+                    data = await r.json(content_type=None)
+                except ValueError:
+                    raise ProtocolError(f"master at {self.settings.master} sent non-JSON") from None
+                if r.status >= 400:
+                    err = data.get("error", {}) if isinstance(data, dict) else {}
+                    raise from_code(str(err.get("code", "io")), str(err.get("message", r.reason)))
+                return data
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise Unavailable(f"master at {self.settings.master} unreachable: {exc}") from None
+
+    async def create_dataset(
+        self, name: str, mounts: list[Mount], options: dict[str, str] | None = None
+    ) -> Dataset:
+        from shoal.core.types import CachePolicy
+
+        ds = Dataset(name, tuple(mounts), CachePolicy().with_options(options or {}))
+        return Dataset.from_dict(await self._master("POST", "/api/v1/datasets", ds.to_dict()))
+
+    async def update_dataset(self, name: str, options: dict[str, str]) -> Dataset:
+        current = await self.dataset(name, refresh=True)
+        policy = current.policy.with_options(options)
+        d = await self._master("PATCH", f"/api/v1/datasets/{name}", {"policy": policy.to_dict()})
+        return Dataset.from_dict(d)
+
+    async def delete_dataset(self, name: str) -> None:
+        await self._master("DELETE", f"/api/v1/datasets/{name}")
+        self.cache.datasets.pop(name, None)
+
+    async def datasets(self) -> list[Dataset]:
+        data = await self._master("GET", "/api/v1/datasets")
+        out = [Dataset.from_dict(d) for d in data["datasets"]]
+        now = time.monotonic()
+        for ds in out:
+            self.cache.datasets[ds.name] = (ds, now)
+        return out
+
+    async def dataset(self, name: str, refresh: bool = False) -> Dataset:
+        hit = self.cache.datasets.get(name)
+        if hit is not None and not refresh:
+            if time.monotonic() - hit[1] > self.settings.ring_refresh:
+                self._refresh_soon()
+            return hit[0]
+        try:
+            ds = Dataset.from_dict(await self._master("GET", f"/api/v1/datasets/{name}"))
+        except Unavailable:
+            if hit is not None:
+                return hit[0]  # the master is down: keep serving what we know
+            raise
+        self.cache.datasets[name] = (ds, time.monotonic())
+        return ds
+
+    async def report(self) -> dict[str, Any]:
+        return await self._master("GET", "/api/v1/report")
+
+    async def health(self) -> dict[str, Any]:
+        return await self._master("GET", "/api/v1/health")
+
+    # -- ring -----------------------------------------------------------------------
+
+    async def refresh_ring(self) -> Ring:
+        data = await self._master("GET", "/api/v1/ring")
+        workers = {
+            w["id"]: WorkerAddr(
+                w["id"], w["host"], int(w["port"]), w.get("uds") or "", w.get("node") or ""
+            )
+            for w in data["workers"]
+        }
+        ring = Ring.build(int(data["epoch"]), workers, int(data.get("vnodes", 128)))
+        c = self.cache
+        if c.ring is None or ring.epoch >= c.ring.epoch:
+            c.workers.update(workers)
+            c.ring = ring
+        c.ring_at = time.monotonic()
+        return c.ring
+
+    def _refresh_soon(self) -> None:
+        if self._refreshing is not None and not self._refreshing.done():
+            return
+
+        async def refresh() -> None:
+            try:
+                await self.refresh_ring()
+                await self.datasets()
+            except ShoalError as exc:
+                log.debug("background refresh failed: %s", exc)
+
+        self._refreshing = asyncio.get_running_loop().create_task(refresh())
+
+    async def _ring(self) -> Ring:
+        c = self.cache
+        if c.ring is None:
+            return await self.refresh_ring()
+        if time.monotonic() - c.ring_at > self.settings.ring_refresh:
+            self._refresh_soon()
+        return c.ring
+
+    def _saw_epoch(self, epoch: int) -> None:
+        ring = self.cache.ring
+        if ring is not None and epoch > ring.epoch:
+            self._refresh_soon()
+
+    async def owners(self, ds: Dataset, path: str) -> list[WorkerAddr]:
+        """Workers to try for a file, in order: ring owners, then a few more for failover."""
+        ring = await self._ring()
+        ids = ring.owners(f"{ds.name}/{path}", ds.policy.replicas + EXTRA_OWNERS)
+        addrs = [self.cache.workers[i] for i in ids if i in self.cache.workers]
+        if ds.policy.placement == "local":
+            addrs.sort(key=lambda w: w.node != self.settings.node)
+        now = time.monotonic()
+        healthy = [w for w in addrs if self._suspect.get(w.id, 0.0) <= now]
+        return healthy + [w for w in addrs if w not in healthy]
+
+    def is_local(self, w: WorkerAddr) -> bool:
+        return self.settings.short_circuit and bool(w.uds) and w.node == self.settings.node
+
+    def _pool(self, w: WorkerAddr, local: bool) -> Pool:
+        key = (w.id, local)
+        pool = self._pools.get(key)
+        if pool is None or pool.address != (w.uds if local else (w.host, w.port)):
+            addr: str | tuple[str, int] = w.uds if local else (w.host, w.port)
+            pool = self._pools[key] = Pool(
+                addr, self.settings.pool_size, self.settings.request_timeout
+            )
+        return pool
+
+    async def _call(
+        self, w: WorkerAddr, op: Op, args: list[Any], want_fds: bool = False
+    ) -> Response:
+        local = self.is_local(w)
+        try:
+            resp = await self._pool(w, local).call(op, args, want_fds)
+        except Unavailable:
+            if local:  # the socket file may be stale; TCP is the other way in
+                resp = await self._pool(w, False).call(op, args)
+            else:
+                raise
+        self._saw_epoch(resp.epoch)
+        return resp
+
+    # -- metadata -------------------------------------------------------------------
+
+    async def _resolve(self, path: str) -> tuple[Dataset, NsPath]:
+        np = split_path(path)
+        return await self.dataset(np.dataset), np
+
+    async def stat(self, path: str) -> FileInfo:
+        ds, np = await self._resolve(path)
+        if not np.mount:
+            return FileInfo(str(np), 0, "", 0.0, True)
+        if not np.rel:
+            ds.mount(np.mount)
+            return FileInfo(str(np), 0, "", 0.0, True)
+        info = self.cache.info(ds, np.key_path)
+        if info is None:
+            resp = await self._with_failover(ds, np, Op.STAT, [ds.name, np.key_path])
+            info = FileInfo.from_wire(resp.meta)
+            if not info.is_dir:
+                self.cache.remember(ds.name, info)
+        return FileInfo(str(np), info.size, info.version, info.mtime, info.is_dir)
+
+    async def ls(self, path: str) -> list[FileInfo]:
+        if split_path_or_root(path) is None:
+            return [FileInfo("/" + d.name, 0, "", 0.0, True) for d in await self.datasets()]
+        ds, np = await self._resolve(path)
+        if not np.mount:
+            return [FileInfo(f"/{ds.name}/{m.name}", 0, "", 0.0, True) for m in ds.mounts]
+        ds.mount(np.mount)
+        resp = await self._with_failover(ds, np, Op.LIST, [ds.name, np.key_path])
+        out = []
+        for w in resp.meta:
+            e = FileInfo.from_wire(w)
+            if not e.is_dir:
+                self.cache.remember(ds.name, e)
+            out.append(FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir))
+        return out
+
+    async def _with_failover(self, ds: Dataset, np: NsPath, op: Op, args: list[Any]) -> Response:
+        last: ShoalError | None = None
+        for w in await self.owners(ds, np.key_path):
+            try:
+                return await self._call(w, op, args)
+            except Unavailable as exc:
+                self._mark_suspect(w, exc)
+                last = exc
+        raise last or Unavailable("no live workers in the ring")
+
+    def _mark_suspect(self, w: WorkerAddr, exc: Exception) -> None:
+        self._suspect[w.id] = time.monotonic() + SUSPECT_FOR
+        self.cache.counters.failovers += 1
+        log.warning("worker %s unavailable (%s); trying the next owner", w.id, exc)
+        self._refresh_soon()
+
+    # -- data -----------------------------------------------------------------------
+
+    async def cat(self, path: str) -> bytes:
+        return await self.read(path, 0, -1)
+
+    async def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        """Bytes [offset, offset+length) of a file (length -1: to the end)."""
+        ds, np = await self._resolve(path)
+        if not np.rel:
+            raise IsADirectory(str(np))
+        ds.mount(np.mount)
+        fast = read_located(self.cache, ds, np.key_path, offset, length)
+        if fast is not None:
+            self._flush_touches_maybe()
+            return fast
+        last: ShoalError | None = None
+        for w in await self.owners(ds, np.key_path):
+            for _attempt in range(3):
+                try:
+                    return await self._read_from(w, ds, np.key_path, offset, length)
+                except StaleVersion:
+                    self.cache.forget(ds.name, np.key_path)
+                except CorruptData as exc:
+                    last = exc
+                except Unavailable as exc:
+                    self._mark_suspect(w, exc)
+                    last = exc
+                    break
+        if isinstance(last, Unavailable | CorruptData) or last is None:
+            return await self._fallback(ds, np, offset, length, last)
+        raise last
+
+    async def _read_from(
+        self, w: WorkerAddr, ds: Dataset, path: str, offset: int, length: int
+    ) -> bytes:
+        info = self.cache.info(ds, path)
+        version = info.version if info is not None else None
+        local = self.is_local(w)
+        if local:
+            resp = await self._call(w, Op.LOCATE, [ds.name, path, version, offset, length], True)
+            data = self._take_locations(w, ds, path, resp)
+            if data is not None:
+                got = data
+                self.cache.counters.local += 1
+                self.cache.counters.bytes_local += len(got)
+                return _slice(got, resp.meta, ds.policy.page_size, offset, length)
+            version = resp.meta["v"]
+        resp = await self._call(w, Op.READ, [ds.name, path, offset, length, version])
+        m = resp.meta
+        self.cache.remember(ds.name, FileInfo(path, m["size"], m["v"], m.get("mt", 0.0)))
+        view = memoryview(resp.data)
+        pos = 0
+        for i, (n, ck) in enumerate(m["pages"]):
+            if xxhash.xxh3_64_intdigest(view[pos : pos + n]) != ck:
+                await self._report_corrupt(w, ds, path, m["v"], m["first"] + i)
+            pos += n
+        c = self.cache.counters
+        if local:
+            c.local += 1
+            c.bytes_local += len(resp.data)
+        else:
+            c.remote += 1
+            c.bytes_remote += len(resp.data)
+        return _slice(resp.data, m, ds.policy.page_size, offset, length)
+
+    def _take_locations(
+        self, w: WorkerAddr, ds: Dataset, path: str, resp: Response
+    ) -> bytes | None:
+        """Install handed-over descriptors and page locations; read the pages with pread."""
+        m = resp.meta
+        c = self.cache
+        c.remember(ds.name, FileInfo(path, m["size"], m["v"], m.get("mt", 0.0)))
+        ids = [tuple(x) for x in m.get("fds", [])]
+        if len(resp.fds) != len(ids) or any(p[0] < 0 for p in m["pages"]):
+            for fd in resp.fds:
+                os.close(fd)
+            return None
+        for key, fd in zip(ids, resp.fds, strict=True):
+            c.add_fd(key, fd)
+        first = m["first"]
+        for i, (slot, off, n, ck) in enumerate(m["pages"]):
+            c.locs[(ds.name, path, m["v"], first + i)] = PageLoc(ids[slot], off, n, ck, w.id)
+        parts = []
+        for i in range(len(m["pages"])):
+            loc = c.locs.get((ds.name, path, m["v"], first + i))
+            piece = _pread(c, loc) if loc is not None else None
+            if piece is None:
+                return None
+            parts.append(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _report_corrupt(
+        self, w: WorkerAddr, ds: Dataset, path: str, version: str, index: int
+    ) -> None:
+        self.cache.counters.corrupt += 1
+        self.cache.locs.pop((ds.name, path, version, index), None)
+        log.warning(
+            "bad checksum on /%s/%s page %d from %s; refetching", ds.name, path, index, w.id
+        )
+        try:
+            await self._call(w, Op.DROP, [ds.name, path, version, index])
+        except ShoalError as exc:
+            log.debug("could not report corrupt page: %s", exc)
+        raise CorruptData(f"/{ds.name}/{path} page {index} failed its checksum")
+
+    async def _fallback(
+        self, ds: Dataset, np: NsPath, offset: int, length: int, cause: ShoalError | None
+    ) -> bytes:
+        if not self.settings.ufs_fallback:
+            raise cause or Unavailable("no worker can serve the read")
+        key = (ds.name, np.mount)
+        ufs = self._ufs.get(key)
+        if ufs is None:
+            ufs = self._ufs[key] = open_store(ds.mount(np.mount))
+        c = self.cache.counters
+        c.ufs_fallback += 1
+        log.warning("no worker could serve %s (%s); reading under storage directly", np, cause)
+        if length < 0:
+            info = await ufs.info(np.rel)
+            end = info.size
+        else:
+            end = offset + length
+        data = await ufs.read(np.rel, offset, end)
+        c.bytes_ufs += len(data)
+        return data
+
+    async def cat_many(self, paths: Iterable[str]) -> dict[str, bytes | ShoalError]:
+        """Whole files, batched: one request per worker for the files it owns."""
+        out: dict[str, bytes | ShoalError] = {}
+        groups: dict[tuple[str, str], list[tuple[str, NsPath]]] = {}
+        for p in paths:
+            try:
+                ds, np = await self._resolve(p)
+                if not np.rel:
+                    raise IsADirectory(str(np))
+                ds.mount(np.mount)
+            except ShoalError as exc:
+                out[p] = exc
+                continue
+            fast = read_located(self.cache, ds, np.key_path, 0, -1)
+            if fast is not None:
+                out[p] = fast
+                continue
+            owners = await self.owners(ds, np.key_path)
+            if not owners:
+                out[p] = Unavailable("no live workers in the ring")
+                continue
+            groups.setdefault((ds.name, owners[0].id), []).append((p, np))
+        self._flush_touches_maybe()
+        await asyncio.gather(
+            *(self._batch(ds, wid, items, out) for (ds, wid), items in groups.items())
+        )
+        return out
+
+    async def _batch(
+        self,
+        dsname: str,
+        wid: str,
+        items: list[tuple[str, NsPath]],
+        out: dict[str, bytes | ShoalError],
+    ) -> None:
+        ds = await self.dataset(dsname)
+        w = self.cache.workers[wid]
+        retry: list[str] = []
+        try:
+            resp = await self._call(w, Op.BATCH, [ds.name, [np.key_path for _, np in items]])
+        except Unavailable as exc:
+            self._mark_suspect(w, exc)
+            retry = [p for p, _ in items]
+        else:
+            view = memoryview(resp.data)
+            pos = 0
+            for (p, _), (kp, code, v, size, ck) in zip(items, resp.meta["items"], strict=True):
+                if code == "":
+                    chunk = view[pos : pos + size]
+                    pos += size
+                    if xxhash.xxh3_64_intdigest(chunk) != ck:
+                        retry.append(p)
+                        continue
+                    self.cache.remember(ds.name, FileInfo(kp, size, v))
+                    out[p] = bytes(chunk)
+                elif code == "large":
+                    retry.append(p)
+                else:
+                    out[p] = from_code(code, v)
+            c = self.cache.counters
+            if self.is_local(w):
+                c.local += 1
+                c.bytes_local += len(resp.data)
+            else:
+                c.remote += 1
+                c.bytes_remote += len(resp.data)
+
+        async def one(p: str) -> None:
+            try:
+                out[p] = await self.read(p)
+            except ShoalError as exc:
+                out[p] = exc
+
+        await asyncio.gather(*(one(p) for p in retry))
+
+    # -- short-circuit bookkeeping ------------------------------------------------
+
+    def _flush_touches_maybe(self) -> None:
+        t = self.cache.touches
+        if t and sum(len(v) for d in t.values() for v in d.values()) >= _TOUCH_FLUSH:
+            asyncio.get_running_loop().create_task(self.flush_touches())
+
+    async def flush_touches(self) -> None:
+        """Tell workers about hits served from their descriptors (stats and recency)."""
+        touches, self.cache.touches = self.cache.touches, {}
+        for wid, by_ds in touches.items():
+            w = self.cache.workers.get(wid)
+            if w is None:
+                continue
+            for dsname, items in by_ds.items():
+                try:
+                    await self._call(w, Op.TOUCH, [dsname, items])
+                except ShoalError as exc:
+                    log.debug("touch to %s failed: %s", wid, exc)
+
+    async def close(self) -> None:
+        try:
+            await self.flush_touches()
+        except Exception as exc:  # closing is best effort
+            log.debug("flush on close failed: %s", exc)
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+        if self._http is not None:
+            await self._http.close()
+        for ufs in self._ufs.values():
+            await ufs.close()
+        self._ufs.clear()
+
+    def abandon(self) -> None:
+        """Drop loop-bound resources without touching the loop (after fork)."""
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        self._http = None
+        self._ufs.clear()
+        self._refreshing = None
+
+
+def split_path_or_root(path: str) -> NsPath | None:
+    p = path[len("shoal://") :] if path.startswith("shoal://") else path
+    if p.strip("/") == "":
+        return None
+    return split_path(path)
+
+
+def _pread(c: ClientCache, loc: PageLoc) -> bytes | None:
+    fd = c.fds.get(loc.fdkey)
+    if fd is None:
+        return None
+    try:
+        data = os.pread(fd, loc.length, loc.offset)
+    except OSError:
+        return None
+    if len(data) != loc.length or xxhash.xxh3_64_intdigest(data) != loc.checksum:
+        c.counters.corrupt += 1
+        return None
+    return data
+
+
+def read_located(c: ClientCache, ds: Dataset, path: str, offset: int, length: int) -> bytes | None:
+    """The zero-round-trip read: metadata and page locations already known; else None."""
+    info = c.info(ds, path)
+    if info is None:
+        return None
+    ps = ds.policy.page_size
+    rng = pages_for_range(info.size, ps, offset, length)
+    if not rng:
+        return b""
+    parts: list[bytes] = []
+    loc: PageLoc | None = None
+    for i in rng:
+        key: LocKey = (ds.name, path, info.version, i)
+        loc = c.locs.get(key)
+        if loc is None:
+            return None
+        piece = _pread(c, loc)
+        if piece is None:
+            c.locs.pop(key, None)
+            return None
+        parts.append(piece)
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    c.counters.short_circuit += 1
+    c.counters.bytes_short_circuit += len(data)
+    assert loc is not None  # rng is not empty
+    _touch(c, ds, path, info, loc.worker, len(rng), len(data))
+    meta = {"first": rng.start if rng else 0}
+    return _slice(data, meta, ps, offset, length)
+
+
+def _touch(
+    c: ClientCache, ds: Dataset, path: str, info: FileInfo, wid: str, npages: int, nbytes: int
+) -> None:
+    c.touches.setdefault(wid, {}).setdefault(ds.name, []).append(
+        [path, info.version, npages, nbytes]
+    )
+
+
+def _slice(data: bytes, meta: dict[str, Any], page_size: int, offset: int, length: int) -> bytes:
+    start = offset - meta["first"] * page_size
+    if start == 0 and (length < 0 or length >= len(data)):
+        return data
+    end = len(data) if length < 0 else start + length
+    return data[start:end]
+
+
+__all__ = ["AsyncClient", "DatasetNotFound", "IsADirectory", "NotFound", "PathOutsideDataset"]

@@ -1,0 +1,125 @@
+"""Client-side state that outlives one event loop: datasets, the ring, file metadata
+within each dataset's staleness bound, and short-circuit locations with their
+descriptors. Kept apart from the loop-bound :class:`AsyncClient` so a forked child
+(PyTorch DataLoader worker) keeps it: descriptors stay valid across fork.
+
+Reads of these dicts happen on the caller's thread (the sync fast path) and writes on
+the loop thread; single dict operations are atomic under the GIL, which is all the
+fast path relies on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.core.ring import Ring
+from shoal.core.types import NEVER, Dataset, FileInfo
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAddr:
+    id: str
+    host: str
+    port: int
+    uds: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class PageLoc:
+    """A cached page on a local worker: read it with pread(fds[fdkey], length, offset)."""
+
+    fdkey: tuple[int, int]
+    offset: int
+    length: int
+    checksum: int
+    #: the worker that handed the descriptor over (hits are reported to it)
+    worker: str
+
+
+LocKey = tuple[str, str, str, int]  # dataset, path, version, page index
+
+
+@dataclass
+class Counters:
+    #: reads served by pread on a handed-over descriptor (no worker round trip)
+    short_circuit: int = 0
+    #: reads answered by a worker on this host over the Unix socket
+    local: int = 0
+    #: reads answered by a worker over TCP
+    remote: int = 0
+    #: reads served by under storage because no worker could
+    ufs_fallback: int = 0
+    failovers: int = 0
+    corrupt: int = 0
+    bytes_short_circuit: int = 0
+    bytes_local: int = 0
+    bytes_remote: int = 0
+    bytes_ufs: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class LRU(OrderedDict[Any, Any]):
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+
+@dataclass
+class ClientCache:
+    datasets: dict[str, tuple[Dataset, float]] = field(default_factory=dict)
+    ring: Ring | None = None
+    ring_at: float = 0.0
+    workers: dict[str, WorkerAddr] = field(default_factory=dict)
+    meta: LRU = field(default_factory=lambda: LRU(1_000_000))
+    locs: dict[LocKey, PageLoc] = field(default_factory=dict)
+    fds: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: short-circuit hits not yet reported to their worker: worker id -> dataset -> items
+    touches: dict[str, dict[str, list[list[Any]]]] = field(default_factory=dict)
+    counters: Counters = field(default_factory=Counters)
+    max_fds: int = 512
+
+    def info(self, ds: Dataset, path: str) -> FileInfo | None:
+        hit = self.meta.get((ds.name, path))
+        if hit is None:
+            return None
+        info, at = hit
+        bound = ds.policy.staleness
+        if bound == NEVER or time.monotonic() - at <= bound:
+            return info
+        return None
+
+    def remember(self, ds: str, info: FileInfo) -> None:
+        self.meta.put((ds, info.path), (info, time.monotonic()))
+
+    def forget(self, ds: str, path: str) -> None:
+        self.meta.pop((ds, path), None)
+
+    def add_fd(self, key: tuple[int, int], fd: int) -> None:
+        if key in self.fds:
+            os.close(fd)
+            return
+        if len(self.fds) >= self.max_fds:
+            self.drop_locations()
+        self.fds[key] = fd
+
+    def drop_locations(self) -> None:
+        self.locs.clear()
+        fds = list(self.fds.values())
+        self.fds.clear()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

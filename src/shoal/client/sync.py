@@ -1,0 +1,161 @@
+"""Client: the synchronous façade over AsyncClient.
+
+The event loop runs on a private daemon thread started on first use (never in
+``__init__``). Warm reads whose metadata and page locations are already known never
+touch that thread: they are a ``pread`` on the caller's thread. The façade is safe to
+use after ``os.fork()`` (a DataLoader worker gets a fresh loop and connections but keeps
+the caches and descriptors) and pickles to its settings (DataLoader with spawn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+from shoal.client.aio import AsyncClient, read_located
+from shoal.client.cache import ClientCache
+from shoal.config import ClientSettings, master_from_env
+from shoal.core.types import Dataset, FileInfo, Mount, split_path
+from shoal.errors import ShoalError
+
+T = TypeVar("T")
+
+
+class Client:
+    def __init__(
+        self, master: str | None = None, *, settings: ClientSettings | None = None
+    ) -> None:
+        self.settings = settings or ClientSettings(master=master_from_env(master))
+        self.cache = ClientCache()
+        self._aio = AsyncClient(self.settings, self.cache)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(settings=state["settings"])  # type: ignore[misc]
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _after_fork(self) -> None:
+        # the loop thread does not exist in the child; sockets are shared with the parent
+        self._aio.abandon()
+        self._aio = AsyncClient(self.settings, self.cache)
+        self._loop = None
+        self._thread = None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _get_loop(self) -> asyncio.AbstractEventLoop:
+        if self._pid != os.getpid():
+            self._after_fork()
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with self._lock:
+            if self._loop is None:
+                import uvloop
+
+                loop = uvloop.new_event_loop()
+                t = threading.Thread(target=loop.run_forever, name="shoal-client", daemon=True)
+                t.start()
+                self._loop, self._thread = loop, t
+            return self._loop
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop = self._get_loop()
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def close(self) -> None:
+        if self._pid != os.getpid():
+            self._after_fork()
+            return
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._aio.close(), loop).result(timeout=10)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            loop.close()
+            self._loop = self._thread = None
+
+    @property
+    def aio(self) -> AsyncClient:
+        """The AsyncClient behind this façade (runs on the façade's loop thread)."""
+        return self._aio
+
+    # -- data -----------------------------------------------------------------------
+
+    def _fast(self, path: str, offset: int, length: int) -> bytes | None:
+        if self._pid != os.getpid():
+            self._after_fork()
+        try:
+            np = split_path(path)
+        except ShoalError:
+            return None
+        hit = self.cache.datasets.get(np.dataset)
+        if hit is None or not np.rel:
+            return None
+        return read_located(self.cache, hit[0], np.key_path, offset, length)
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        data = self._fast(path, offset, length)
+        if data is not None:
+            return data
+        return self._run(self._aio.read(path, offset, length))
+
+    def cat(self, path: str) -> bytes:
+        return self.read(path)
+
+    def cat_many(self, paths: Iterable[str]) -> dict[str, bytes | ShoalError]:
+        return self._run(self._aio.cat_many(list(paths)))
+
+    def stat(self, path: str) -> FileInfo:
+        return self._run(self._aio.stat(path))
+
+    def ls(self, path: str) -> list[FileInfo]:
+        return self._run(self._aio.ls(path))
+
+    def flush(self) -> None:
+        """Report short-circuit hits to their workers now."""
+        self._run(self._aio.flush_touches())
+
+    # -- control --------------------------------------------------------------------
+
+    def create_dataset(
+        self, name: str, mounts: list[Mount], options: dict[str, str] | None = None
+    ) -> Dataset:
+        return self._run(self._aio.create_dataset(name, mounts, options))
+
+    def update_dataset(self, name: str, options: dict[str, str]) -> Dataset:
+        return self._run(self._aio.update_dataset(name, options))
+
+    def delete_dataset(self, name: str) -> None:
+        self._run(self._aio.delete_dataset(name))
+
+    def datasets(self) -> list[Dataset]:
+        return self._run(self._aio.datasets())
+
+    def dataset(self, name: str) -> Dataset:
+        return self._run(self._aio.dataset(name, refresh=True))
+
+    def report(self) -> dict[str, Any]:
+        return self._run(self._aio.report())
+
+    def counters(self) -> dict[str, int]:
+        return self.cache.counters.to_dict()

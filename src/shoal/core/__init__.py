@@ -1,0 +1,1 @@
+"""Pure logic: types, paging arithmetic, placement and state machines. No I/O here."""

@@ -1,0 +1,54 @@
+"""Single-flight: one in-progress computation per key, however many callers wait.
+
+Used by the worker so that 16 readers of one uncached page cause one under-storage
+fetch. Pure asyncio: no sockets, no sleeps; the caller supplies the coroutine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class SingleFlight(Generic[T]):
+    def __init__(self) -> None:
+        self._inflight: dict[Hashable, asyncio.Future[T]] = {}
+        #: how many calls joined a flight already in progress (for metrics/tests)
+        self.shared = 0
+        #: how many flights were started
+        self.started = 0
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._inflight
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    async def do(self, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
+        fut = self._inflight.get(key)
+        if fut is not None:
+            self.shared += 1
+            # shield: one waiter's cancellation must not cancel the shared flight
+            return await asyncio.shield(fut)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._inflight[key] = fut
+        self.started += 1
+        try:
+            result = await fn()
+        except BaseException as exc:
+            if not fut.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    fut.cancel()
+                else:
+                    fut.set_exception(exc)
+                    fut.exception()  # mark retrieved: waiters may be none
+            raise
+        else:
+            fut.set_result(result)
+            return result
+        finally:
+            self._inflight.pop(key, None)

@@ -1,0 +1,242 @@
+"""The master's operations, independent of HTTP: datasets, membership, ring, report.
+
+:class:`MasterService` owns the durable state (:mod:`shoal.master.state`) and the
+membership state machine (:mod:`shoal.core.membership`) and carries out the
+instructions the state machine returns. Registrations, expiries and epoch bumps are
+committed before the caller answers; heartbeats only mark the worker dirty and are
+written in batches by :meth:`MasterService.flush` (called by the periodic tick), since
+a lost heartbeat time costs nothing: a restarted master gives every worker a fresh
+expiry period anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shoal.config import MasterSettings
+from shoal.core.membership import (
+    EpochBumped,
+    Membership,
+    Transition,
+    WorkerExpired,
+    WorkerHeartbeat,
+    WorkerRecord,
+    WorkerRegistered,
+)
+from shoal.core.ring import DEFAULT_VNODES, Ring
+from shoal.core.types import Dataset
+from shoal.errors import InvalidArgument
+from shoal.master import validate
+from shoal.master.metrics import Snapshot
+from shoal.master.report import build_report
+from shoal.master.state import MasterState
+from shoal.proto.control import (
+    HeartbeatResponse,
+    RegisterResponse,
+    ReportResponse,
+    RingResponse,
+)
+
+log = logging.getLogger("shoal.master.service")
+
+
+def check_settings(settings: MasterSettings) -> None:
+    """Reject settings the master cannot run with."""
+    if settings.heartbeat_interval <= 0:
+        raise InvalidArgument(
+            f"invalid heartbeat_interval {settings.heartbeat_interval}: must be > 0 seconds"
+        )
+    if settings.worker_expiry <= 0:
+        raise InvalidArgument(
+            f"invalid worker_expiry {settings.worker_expiry}: must be > 0 seconds"
+        )
+    if settings.worker_expiry <= settings.heartbeat_interval:
+        log.warning(
+            "worker_expiry %.3gs is not longer than heartbeat_interval %.3gs: "
+            "workers will drop out of the ring between heartbeats",
+            settings.worker_expiry,
+            settings.heartbeat_interval,
+        )
+
+
+class MasterService:
+    """Datasets and worker membership; ``clock`` is monotonic seconds (injectable)."""
+
+    def __init__(
+        self,
+        settings: MasterSettings,
+        state: MasterState,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        check_settings(settings)
+        if settings.worker_expiry <= settings.heartbeat_interval:
+            log.warning(
+                "worker_expiry %.3gs is not longer than heartbeat_interval %.3gs: "
+                "workers will drop out of the ring between heartbeats",
+                settings.worker_expiry,
+                settings.heartbeat_interval,
+            )
+        self.settings = settings
+        self.state = state
+        self._clock = clock
+        now = clock()
+        stored = state.load_workers()
+        self.membership = Membership(
+            settings.worker_expiry,
+            epoch=state.ring_epoch,
+            workers=[w.record(now) for w in stored],
+        )
+        self._dirty: set[str] = set()
+        if stored:
+            log.info(
+                "reloaded %d workers (%d live) at ring epoch %d",
+                len(stored),
+                len(self.membership.live_ids()),
+                self.membership.epoch,
+            )
+
+    # --- datasets ------------------------------------------------------------------------
+
+    def create_dataset(self, body: Any) -> Dataset:
+        ds = self.state.create_dataset(validate.parse_dataset(body))
+        log.info("dataset %s created with %d mounts", ds.name, len(ds.mounts))
+        return ds
+
+    def get_dataset(self, name: str) -> Dataset:
+        return self.state.get_dataset(name)
+
+    def list_datasets(self) -> list[Dataset]:
+        return self.state.list_datasets()
+
+    def update_dataset(self, name: str, body: Any) -> Dataset:
+        changes = validate.parse_policy_patch(body)
+        current = self.state.get_dataset(name)
+        policy = validate.apply_policy(current.policy, changes)
+        ds = self.state.update_policy(name, policy)
+        log.info("dataset %s policy updated to generation %d", name, ds.generation)
+        return ds
+
+    def delete_dataset(self, name: str) -> None:
+        self.state.delete_dataset(name)
+        log.info("dataset %s deleted", name)
+
+    # --- workers -------------------------------------------------------------------------
+
+    def register(self, body: Any) -> RegisterResponse:
+        info = validate.parse_register(body)
+        self._apply(self.membership.register(info, self._clock()))
+        log.info(
+            "worker %s registered at %s:%d (node %s); ring epoch %d",
+            info.id,
+            info.host,
+            info.port,
+            info.node,
+            self.membership.epoch,
+        )
+        return {
+            "epoch": self.membership.epoch,
+            "heartbeat_interval": self.settings.heartbeat_interval,
+            "datasets_generation": self.state.datasets_generation,
+        }
+
+    def heartbeat(self, worker_id: str, body: Any) -> HeartbeatResponse:
+        stats = validate.parse_heartbeat(body)
+        # expire first, so a heartbeat arriving after the expiry is not counted as live
+        self._apply(self.membership.tick(self._clock()))
+        t = self.membership.heartbeat(worker_id, self._clock(), stats)
+        self._apply(t)
+        if not t.known:
+            log.info(
+                "heartbeat from unknown or expired worker %s: asking it to register", worker_id
+            )
+        return {
+            "epoch": self.membership.epoch,
+            "datasets_generation": self.state.datasets_generation,
+            "known": t.known,
+        }
+
+    def tick(self) -> None:
+        """Expire silent workers and write batched heartbeats; called periodically."""
+        self._apply(self.membership.tick(self._clock()))
+        self.flush()
+
+    def flush(self) -> None:
+        """Persist the workers whose heartbeats have not been written yet."""
+        if not self._dirty:
+            return
+        rows = [r for r in map(self.membership.get, sorted(self._dirty)) if r is not None]
+        self._dirty.clear()
+        self.state.save_workers(self._with_wall(rows))
+
+    def _apply(self, t: Transition) -> None:
+        """Carry out a transition's instructions: persist now, or mark for the next flush."""
+        urgent: list[WorkerRecord] = []
+        epoch: int | None = None
+        for ins in t.instructions:
+            if isinstance(ins, WorkerHeartbeat):
+                self._dirty.add(ins.worker_id)
+            elif isinstance(ins, WorkerRegistered | WorkerExpired):
+                rec = self.membership.get(ins.worker_id)
+                if rec is not None:
+                    urgent.append(rec)
+                    self._dirty.discard(ins.worker_id)
+                if isinstance(ins, WorkerExpired):
+                    log.warning(
+                        "worker %s expired after %.3gs without a heartbeat",
+                        ins.worker_id,
+                        self.membership.expiry,
+                    )
+            elif isinstance(ins, EpochBumped):
+                epoch = ins.epoch
+        if urgent or epoch is not None:
+            self.state.save_workers(self._with_wall(urgent), epoch)
+        if epoch is not None:
+            log.info("ring epoch %d: %d live workers", epoch, len(self.membership.live_ids()))
+
+    def _with_wall(self, rows: list[WorkerRecord]) -> list[tuple[WorkerRecord, float]]:
+        """Pair each record with its last heartbeat on the wall clock, for the state file."""
+        offset = time.time() - self._clock()
+        return [(r, r.last_heartbeat + offset) for r in rows]
+
+    # --- views ---------------------------------------------------------------------------
+
+    def ring(self) -> Ring:
+        self._apply(self.membership.tick(self._clock()))
+        return Ring.build(self.membership.epoch, self.membership.live_ids(), DEFAULT_VNODES)
+
+    def ring_body(self) -> RingResponse:
+        ring = self.ring()
+        live = {r.info.id: r.info for r in self.membership.live()}
+        return {
+            "epoch": ring.epoch,
+            "vnodes": ring.vnodes,
+            "workers": [
+                {
+                    "id": wid,
+                    "host": live[wid].host,
+                    "port": live[wid].port,
+                    "uds": live[wid].uds,
+                    "node": live[wid].node,
+                }
+                for wid in ring.members
+            ],
+        }
+
+    def report(self) -> ReportResponse:
+        now = self._clock()
+        self._apply(self.membership.tick(now))
+        names = [d.name for d in self.state.list_datasets()]
+        return build_report(self.membership.records(), names, now, self.membership.epoch)
+
+    def snapshot(self) -> Snapshot:
+        """What a /metrics scrape reads."""
+        self._apply(self.membership.tick(self._clock()))
+        names = [d.name for d in self.state.list_datasets()]
+        return Snapshot(self.membership.records(), names, self.membership.epoch)
+
+    def close(self) -> None:
+        self.flush()
+        self.state.close()

@@ -1,0 +1,288 @@
+"""The master's HTTP control API: routes, request/response shapes and error bodies.
+
+Worker, client and master all import this module, so a route or a field changes in one
+place. Every body is JSON; every error response is ``{"error": {"code", "message"}}``
+with ``code`` taken from :mod:`shoal.errors`, so the far side rebuilds the same
+exception class with :func:`raise_for_error`.
+
+The control API is off the data path: workers register and heartbeat, clients fetch the
+ring and dataset definitions, operators create datasets and read reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+from urllib.parse import quote
+
+from shoal.core.ring import DEFAULT_VNODES, Ring
+from shoal.errors import (
+    DatasetExists,
+    DatasetNotFound,
+    NotFound,
+    ProtocolError,
+    ShoalError,
+    Unavailable,
+    UserError,
+    from_code,
+)
+
+API_PREFIX = "/api/v1"
+
+HEALTH = f"{API_PREFIX}/health"
+DATASETS = f"{API_PREFIX}/datasets"
+DATASET = f"{API_PREFIX}/datasets/{{name}}"
+WORKER_REGISTER = f"{API_PREFIX}/workers/register"
+WORKER_HEARTBEAT = f"{API_PREFIX}/workers/{{id}}/heartbeat"
+RING = f"{API_PREFIX}/ring"
+REPORT = f"{API_PREFIX}/report"
+METRICS = "/metrics"
+
+#: message used for 500 responses; the details go to the master's log, not the wire
+INTERNAL_ERROR_MESSAGE = "internal error in the master; see its log"
+
+
+def dataset_path(name: str) -> str:
+    """``/api/v1/datasets/<name>`` with the name quoted for a URL."""
+    return DATASET.format(name=quote(name, safe=""))
+
+
+def heartbeat_path(worker_id: str) -> str:
+    """``/api/v1/workers/<id>/heartbeat`` with the id quoted for a URL."""
+    return WORKER_HEARTBEAT.format(id=quote(worker_id, safe=""))
+
+
+# --- datasets ---------------------------------------------------------------------------
+
+
+class MountBody(TypedDict):
+    name: str
+    uri: str
+    options: NotRequired[dict[str, str]]
+
+
+class CreateDatasetRequest(TypedDict):
+    name: str
+    mounts: list[MountBody]
+    #: any subset of CachePolicy fields; the rest take their defaults
+    policy: NotRequired[dict[str, Any]]
+
+
+class PatchDatasetRequest(TypedDict):
+    #: the fields to change; the others keep their current values
+    policy: dict[str, Any]
+
+
+class DatasetBody(TypedDict):
+    """``Dataset.to_dict()``."""
+
+    name: str
+    mounts: list[MountBody]
+    policy: dict[str, Any]
+    generation: int
+
+
+class DatasetListResponse(TypedDict):
+    datasets: list[DatasetBody]
+
+
+class DeleteDatasetResponse(TypedDict):
+    deleted: str
+
+
+class HealthResponse(TypedDict):
+    ok: bool
+    version: str
+
+
+# --- workers and the ring ---------------------------------------------------------------
+
+
+class TierDecl(TypedDict):
+    name: str
+    path: str
+    capacity: int
+
+
+class RegisterRequest(TypedDict):
+    id: str
+    host: str
+    port: int
+    uds: str
+    node: str
+    tiers: list[TierDecl]
+
+
+class RegisterResponse(TypedDict):
+    epoch: int
+    heartbeat_interval: float
+    datasets_generation: int
+
+
+class BytesBySource(TypedDict):
+    local: int
+    remote: int
+    ufs: int
+
+
+class TierStats(TypedDict):
+    name: str
+    path: str
+    capacity: int
+    used: int
+    pages: int
+
+
+class DatasetStats(TypedDict):
+    cached_files: int
+    cached_bytes: int
+    hits: int
+    misses: int
+    bytes_by_source: BytesBySource
+
+
+class WorkerStats(TypedDict, total=False):
+    """What a worker reports in each heartbeat; every key may be missing."""
+
+    tiers: list[TierStats]
+    datasets: dict[str, DatasetStats]
+    corrupt_pages: int
+
+
+class HeartbeatRequest(TypedDict, total=False):
+    stats: WorkerStats
+
+
+class HeartbeatResponse(TypedDict):
+    epoch: int
+    datasets_generation: int
+    #: False: the master does not know this worker (restart or expiry): register again
+    known: bool
+
+
+class RingWorker(TypedDict):
+    id: str
+    host: str
+    port: int
+    uds: str
+    node: str
+
+
+class RingResponse(TypedDict):
+    epoch: int
+    vnodes: int
+    workers: list[RingWorker]
+
+
+def ring_from_response(body: RingResponse) -> Ring:
+    """The :class:`~shoal.core.ring.Ring` a ``GET /api/v1/ring`` answer describes."""
+    return Ring.build(
+        int(body["epoch"]),
+        [w["id"] for w in body["workers"]],
+        int(body.get("vnodes", DEFAULT_VNODES)),
+    )
+
+
+# --- report -----------------------------------------------------------------------------
+
+
+class ReportDataset(TypedDict):
+    name: str
+    cached_files: int
+    cached_bytes: int
+    hits: int
+    misses: int
+    #: 0..1; byte-weighted when workers report bytes, else by count; 0 with no reads
+    hit_ratio: float
+    bytes_by_source: BytesBySource
+
+
+class ReportTier(TypedDict):
+    name: str
+    capacity: int
+    used: int
+    pages: int
+
+
+class ReportWorker(TypedDict):
+    id: str
+    host: str
+    port: int
+    node: str
+    state: str  # "live" | "expired"
+    last_heartbeat_age_s: float
+    capacity: int
+    used: int
+    tiers: list[ReportTier]
+
+
+class ReportTotals(TypedDict):
+    epoch: int
+    datasets: int
+    workers_live: int
+    workers_expired: int
+    capacity: int
+    used: int
+    cached_files: int
+    cached_bytes: int
+    hits: int
+    misses: int
+    hit_ratio: float
+    bytes_by_source: BytesBySource
+    corrupt_pages: int
+
+
+class ReportResponse(TypedDict):
+    datasets: list[ReportDataset]
+    workers: list[ReportWorker]
+    totals: ReportTotals
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+class ErrorDetail(TypedDict):
+    code: str
+    message: str
+
+
+class ErrorBody(TypedDict):
+    error: ErrorDetail
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status the master answers ``exc`` with."""
+    if isinstance(exc, DatasetNotFound | NotFound):
+        return 404
+    if isinstance(exc, DatasetExists):
+        return 409
+    if isinstance(exc, UserError):
+        return 400
+    return 500
+
+
+def error_body(exc: BaseException) -> ErrorBody:
+    """The JSON body for an error response; anything outside the shoal tree is generic."""
+    if isinstance(exc, ShoalError) and http_status(exc) < 500:
+        return {"error": {"code": exc.code, "message": exc.message}}
+    if isinstance(exc, ShoalError):
+        return {"error": {"code": exc.code, "message": INTERNAL_ERROR_MESSAGE}}
+    return {"error": {"code": ShoalError.code, "message": INTERNAL_ERROR_MESSAGE}}
+
+
+def raise_for_error(status: int, body: Any) -> None:
+    """Raise the shoal error an error response carries; return quietly on 1xx-3xx.
+
+    ``body`` is the decoded JSON (or whatever the caller could decode). A response that
+    is an error but not in the ``{"error": {"code", "message"}}`` shape raises
+    :class:`~shoal.errors.Unavailable` for 502-504 (a proxy in the way, the master
+    restarting) and :class:`~shoal.errors.ProtocolError` otherwise.
+    """
+    if status < 400:
+        return
+    detail = body.get("error") if isinstance(body, dict) else None
+    if isinstance(detail, dict) and isinstance(detail.get("code"), str):
+        message = detail.get("message")
+        raise from_code(detail["code"], message if isinstance(message, str) else "")
+    if status in (502, 503, 504):
+        raise Unavailable(f"master answered HTTP {status}")
+    raise ProtocolError(f"master answered HTTP {status} without an error body")

@@ -1,0 +1,122 @@
+"""The page-store interface that every tier and the tiered composite implement.
+
+A page is identified by :class:`~shoal.core.types.PageKey` = (dataset, path, version,
+index). A file no larger than its dataset's page size is a *small file*: it is stored
+whole as page 0, packed into append-only segment files (no inode per file). A larger
+file is stored as one file per version on the tier's directory, sparse while partly
+cached, with a record of which pages are present, so that a complete file can be handed
+to a reader as one open file.
+
+Every stored page carries an xxh3_64 checksum. ``get`` verifies it (a mismatch drops the
+page, counts it and returns None). ``locate`` does not read the bytes: it returns where
+they are plus the checksum, and whoever reads them (a sendfile receiver, a short-circuit
+client) verifies.
+
+A tier failure (disk error, full disk) is logged and treated as a miss, never an outage.
+All methods are synchronous and fast (local disk / tmpfs); the worker calls them on its
+event loop.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from shoal.core.types import FileKey, PageKey
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a page's (or a whole file's) bytes are on local disk."""
+
+    path: str  # the segment file or per-version data file
+    offset: int
+    length: int
+    checksum: int  # xxh3_64 of the bytes; 0 for a whole large file (check per page)
+    tier: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PutMeta:
+    """What the store needs to know about the file a page belongs to."""
+
+    file_size: int
+    page_size: int
+    pin: bool = False
+    #: absolute time.time() after which the page expires; 0 = never
+    expires_at: float = 0.0
+
+
+@dataclass(slots=True)
+class DatasetUsage:
+    files: int = 0
+    bytes: int = 0
+
+
+@dataclass(slots=True)
+class Usage:
+    capacity: int = 0
+    used: int = 0
+    pages: int = 0
+    files: int = 0
+    evicted_bytes: int = 0
+    corrupt_pages: int = 0
+    by_dataset: dict[str, DatasetUsage] = field(default_factory=dict)
+
+
+class PageStore(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def get(self, key: PageKey) -> bytes | None:
+        """The page's bytes, checksum verified, or None on a miss or a corrupt page."""
+
+    @abstractmethod
+    def locate(self, key: PageKey) -> Location | None:
+        """Where the page's bytes are, without reading them; None on a miss."""
+
+    @abstractmethod
+    def locate_file(self, file: FileKey) -> Location | None:
+        """The whole file as one byte range on disk, if every page of it is present."""
+
+    @abstractmethod
+    def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
+        """Store a page (evicting as needed); False if it could not be stored."""
+
+    @abstractmethod
+    def contains(self, key: PageKey) -> bool: ...
+
+    @abstractmethod
+    def delete(self, file: FileKey | None = None, *, dataset: str | None = None) -> int:
+        """Drop every page of one file version, or of a whole dataset; bytes freed."""
+
+    @abstractmethod
+    def drop_corrupt(self, key: PageKey) -> None:
+        """A reader found this page's bytes did not match its checksum: drop and count it."""
+
+    @abstractmethod
+    def expire(self, now: float) -> int:
+        """Drop pages whose TTL passed; bytes freed."""
+
+    @abstractmethod
+    def usage(self) -> Usage: ...
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush the index and release file descriptors."""
+
+    # -- optional: concrete defaults that stores may override -------------------------
+
+    def has_file(self, file: FileKey) -> bool:
+        """True if any page of this file version is stored (default: page 0 is)."""
+        return self.contains(file.page(0))
+
+    def versions(self, dataset: str, path: str) -> dict[str, int]:
+        """Cached versions of one file -> file size. Lets a restarted worker serve what it
+        holds without asking under storage (within a "never revalidate" bound)."""
+        return {}
+
+    def flush(self) -> None:
+        """Persist buffered bookkeeping (index rows, access statistics); call it now and
+        then, e.g. from the worker's loop. Default: nothing is buffered."""
+        return None

@@ -1,0 +1,141 @@
+"""TieredStore: several tiers (MEM, SSD, HDD) behind one PageStore, fastest first.
+
+Owns the placement between tiers: reads look top-down; a put goes to the highest tier
+that accepts it (a large file's pages go to the tier already holding that version, so
+that it can become complete there); a tier that evicts hands the pages down to the next
+tier (demotion, for :class:`~shoal.store.disk.DiskTier` tiers) instead of dropping them.
+A page read from a lower tier is not promoted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shoal.config import TierSpec
+from shoal.core.types import TIERS, FileKey, PageKey
+from shoal.errors import InvalidArgument
+from shoal.store.base import DatasetUsage, Location, PageStore, PutMeta, Usage
+from shoal.store.disk import DiskTier
+
+log = logging.getLogger("shoal.store.tiered")
+
+
+class TieredStore(PageStore):
+    """Tiers in order, fastest first; ``demote`` chains each DiskTier to the next."""
+
+    name = "tiered"
+
+    def __init__(self, tiers: list[PageStore], *, demote: bool = True) -> None:
+        if not tiers:
+            raise InvalidArgument("a tiered store needs at least one tier")
+        self.tiers = list(tiers)
+        if demote:
+            for upper, lower in zip(self.tiers, self.tiers[1:], strict=False):
+                if isinstance(upper, DiskTier) and upper.demote_to is None:
+                    upper.demote_to = lower
+
+    @classmethod
+    def from_specs(cls, specs: list[TierSpec], *, demote: bool = True) -> TieredStore:
+        """Open a DiskTier per spec, ordered mem, ssd, hdd (stable within a kind)."""
+        ordered = sorted(specs, key=lambda s: TIERS.index(s.name))
+        opened: list[PageStore] = []
+        try:
+            for spec in ordered:
+                opened.append(DiskTier(spec))
+        except BaseException:
+            for tier in opened:
+                tier.close()
+            raise
+        return cls(opened, demote=demote)
+
+    def get(self, key: PageKey) -> bytes | None:
+        for tier in self.tiers:
+            data = tier.get(key)
+            if data is not None:
+                return data
+        return None
+
+    def locate(self, key: PageKey) -> Location | None:
+        for tier in self.tiers:
+            loc = tier.locate(key)
+            if loc is not None:
+                return loc
+        return None
+
+    def locate_file(self, file: FileKey) -> Location | None:
+        for tier in self.tiers:
+            loc = tier.locate_file(file)
+            if loc is not None:
+                return loc
+        return None
+
+    def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
+        if self.contains(key):
+            return True
+        holder = None
+        if meta.file_size > meta.page_size:
+            holder = next((t for t in self.tiers if t.has_file(key.file)), None)
+            if holder is not None and holder.put(key, data, meta):
+                return True
+        return any(tier.put(key, data, meta) for tier in self.tiers if tier is not holder)
+
+    def contains(self, key: PageKey) -> bool:
+        return any(tier.contains(key) for tier in self.tiers)
+
+    def has_file(self, file: FileKey) -> bool:
+        return any(tier.has_file(file) for tier in self.tiers)
+
+    def versions(self, dataset: str, path: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for tier in self.tiers:
+            out.update(tier.versions(dataset, path))
+        return out
+
+    def delete(self, file: FileKey | None = None, *, dataset: str | None = None) -> int:
+        return sum(tier.delete(file, dataset=dataset) for tier in self.tiers)
+
+    def drop_corrupt(self, key: PageKey) -> None:
+        for tier in self.tiers:
+            if tier.contains(key):
+                tier.drop_corrupt(key)
+                return
+
+    def expire(self, now: float) -> int:
+        return sum(tier.expire(now) for tier in self.tiers)
+
+    def tier_usage(self) -> list[tuple[str, Usage]]:
+        """Each tier's own usage, fastest first."""
+        return [(tier.name, tier.usage()) for tier in self.tiers]
+
+    def usage(self) -> Usage:
+        total = Usage()
+        for _, u in self.tier_usage():
+            total.capacity += u.capacity
+            total.used += u.used
+            total.pages += u.pages
+            total.files += u.files
+            total.evicted_bytes += u.evicted_bytes
+            total.corrupt_pages += u.corrupt_pages
+            for ds, du in u.by_dataset.items():
+                agg = total.by_dataset.setdefault(ds, DatasetUsage())
+                agg.files += du.files
+                agg.bytes += du.bytes
+        return total
+
+    def flush(self) -> None:
+        for tier in self.tiers:
+            tier.flush()
+
+    def close(self) -> None:
+        errors: list[BaseException] = []
+        for tier in self.tiers:
+            try:
+                tier.close()
+            except Exception as exc:  # close the others anyway
+                log.warning("closing tier %s failed: %s", tier.name, exc)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __repr__(self) -> str:
+        return f"TieredStore({', '.join(repr(t) for t in self.tiers)})"

@@ -1,0 +1,81 @@
+"""A real cluster for tests: master and worker processes on free ports over a real S3
+endpoint (moto's server), with helpers to seed data and to kill or restart processes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from shoal.cli.local import LocalCluster
+from shoal.client import Client
+from shoal.config import ClientSettings
+from shoal.core.types import Mount
+from shoal.testing.s3 import CREDENTIALS, make_bucket
+
+#: environment that lets shoal's processes talk to moto with its dummy credentials
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
+    "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
+    "AWS_DEFAULT_REGION": CREDENTIALS["region_name"],
+}
+
+
+def sample_files(
+    n: int, min_size: int, max_size: int, seed: int = 0, prefix: str = ""
+) -> dict[str, bytes]:
+    """Deterministic random files (incompressible bytes) keyed by relative path."""
+    rng = random.Random(seed)
+    out = {}
+    for i in range(n):
+        size = rng.randint(min_size, max_size)
+        out[f"{prefix}{i // 100:03d}/f{i:06d}.bin"] = rng.randbytes(size)
+    return out
+
+
+@contextmanager
+def s3_env() -> Iterator[None]:
+    """Dummy credentials in this process's environment (the client's fallback reads them)."""
+    old = {k: os.environ.get(k) for k in S3_ENV}
+    os.environ.update(S3_ENV)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class TestCluster(LocalCluster):
+    """LocalCluster with test conveniences."""
+
+    __test__ = False  # not a pytest class
+
+    def client(self, **overrides: object) -> Client:
+        settings = ClientSettings(master=self.master_url, **overrides)  # type: ignore[arg-type]
+        return Client(settings=settings)
+
+    def kill_worker(self, i: int, sig: int = signal.SIGKILL) -> None:
+        self.stop_process(f"worker-{i}", sig)
+
+    def restart_worker(self, i: int) -> None:
+        self.start_worker(i)
+
+    def stop_master(self, sig: int = signal.SIGTERM) -> None:
+        self.stop_process("master", sig)
+
+    def seed_s3(self, endpoint: str, bucket: str, files: dict[str, bytes]) -> Mount:
+        make_bucket(endpoint, bucket, files)
+        return Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint})
+
+
+def start_cluster(dir: Path, workers: int = 2, **kw: object) -> TestCluster:
+    c = TestCluster(dir, workers=workers, env=dict(S3_ENV), **kw)  # type: ignore[arg-type]
+    c.start()
+    return c

@@ -1,0 +1,273 @@
+"""The s3:// driver: S3 and S3-compatible stores (MinIO, OSS, moto) through s3fs.
+
+Mount options:
+
+- ``endpoint_url``: an S3-compatible endpoint; path-style addressing is then the default
+- ``region``: the bucket's region
+- ``anon``: unsigned requests (public buckets)
+- ``addressing``: ``path``, ``virtual`` or ``auto``
+- ``credentials_file``: an AWS-style ini file (``aws_access_key_id``,
+  ``aws_secret_access_key``, optional ``aws_session_token``), read each time a
+  connection is built, so rotated keys are picked up
+- ``profile``: the section of ``credentials_file`` (default ``default``), or without
+  it a profile of the standard AWS configuration
+
+Without these, credentials come from the environment (``AWS_ACCESS_KEY_ID`` ...), the
+standard AWS chain. Credentials never appear in ``repr``, ``describe()`` or messages.
+
+Ranged reads with a version are conditional (``If-Match: <etag>``): a 412 becomes
+StaleVersion without any extra round trip. Retries are shoal's alone: s3fs's and
+botocore's own retry loops are switched off so backoff is decided in one place.
+
+The s3fs instance (``asynchronous=True``, no instance cache) is created on first use
+in the running loop and rebuilt when the store is used from another loop or after
+fork (see :mod:`shoal.ufs.fsspec_driver`): aiobotocore sessions are bound to the loop
+that made them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import configparser
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fsspec.spec import AbstractFileSystem
+
+from shoal.core.types import FileInfo
+from shoal.errors import CredentialsError, InvalidArgument
+from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy
+from shoal.ufs.fsspec_driver import FsspecStore, check_range
+from shoal.ufs.options import check_known, opt_bool, opt_choice
+from shoal.ufs.paths import clean_rel, join, mtime_of, relative, version_of
+
+log = logging.getLogger("shoal.ufs.s3")
+
+OPTIONS = ("endpoint_url", "region", "anon", "addressing", "credentials_file", "profile")
+_PAGE = 1000
+
+
+def read_credentials(path: str, profile: str | None) -> dict[str, str]:
+    """key/secret/token from an AWS-style ini file; CredentialsError names only the file."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        with open(path, encoding="utf-8") as f:
+            parser.read_file(f)
+    except (OSError, configparser.Error) as exc:
+        kind = type(exc).__name__
+        raise CredentialsError(f"cannot read credentials_file {path}: {kind}") from None
+    section = profile or "default"
+    if not parser.has_section(section):
+        raise CredentialsError(f"credentials_file {path} has no [{section}] section")
+    sec = parser[section]
+    key, secret = sec.get("aws_access_key_id"), sec.get("aws_secret_access_key")
+    if not key or not secret:
+        raise CredentialsError(
+            f"credentials_file {path} [{section}] needs aws_access_key_id and aws_secret_access_key"
+        )
+    out = {"key": key.strip(), "secret": secret.strip()}
+    token = sec.get("aws_session_token")
+    if token:
+        out["token"] = token.strip()
+    return out
+
+
+class S3Store(FsspecStore):
+    """One bucket/prefix in S3 or an S3-compatible store."""
+
+    def __init__(
+        self, uri: str, options: Mapping[str, str], *, retry: RetryPolicy = DEFAULT_RETRY
+    ) -> None:
+        check_known("s3", options, OPTIONS)
+        location = uri.split("://", 1)[1]
+        if "@" in location.partition("/")[0]:
+            raise InvalidArgument(
+                "s3 URIs may not carry credentials; use credentials_file=PATH or the environment"
+            )
+        bucket_path = location.strip("/")
+        if not bucket_path:
+            raise InvalidArgument("s3 URI needs a bucket: s3://bucket[/prefix]")
+        self._endpoint = options.get("endpoint_url") or None
+        if self._endpoint and "@" in self._endpoint.split("://", 1)[-1].partition("/")[0]:
+            raise InvalidArgument("endpoint_url may not carry credentials; use credentials_file")
+        self._region = options.get("region") or None
+        self._anon = opt_bool(options, "anon", False)
+        default_addr = "path" if self._endpoint else None
+        self._addressing = opt_choice(options, "addressing", ("path", "virtual", "auto"))
+        self._addressing = self._addressing or default_addr
+        self._cred_file = options.get("credentials_file") or None
+        self._profile = options.get("profile") or None
+        if self._cred_file:
+            read_credentials(self._cred_file, self._profile)  # fail at open time, not first read
+        super().__init__(f"s3://{bucket_path}", bucket_path, self._build, retry=retry)
+        self.scheme = "s3"
+        self._bucket, _, self._prefix = bucket_path.partition("/")
+
+    def _build(self, loop: asyncio.AbstractEventLoop) -> AbstractFileSystem:
+        import s3fs
+
+        kwargs: dict[str, Any] = {}
+        if self._cred_file:
+            creds = read_credentials(self._cred_file, self._profile)
+            kwargs.update(creds)
+            self._scrub[:] = list(creds.values())
+        elif self._profile:
+            kwargs["profile"] = self._profile
+        config: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
+        if self._addressing:
+            config["s3"] = {"addressing_style": self._addressing}
+        client: dict[str, Any] = {"region_name": self._region} if self._region else {}
+        fs = s3fs.S3FileSystem(
+            anon=self._anon,
+            endpoint_url=self._endpoint,
+            client_kwargs=client,
+            config_kwargs=config,
+            asynchronous=True,
+            loop=loop,
+            skip_instance_cache=True,
+            use_listings_cache=False,
+            **kwargs,
+        )
+        fs.retries = 1  # shoal.ufs.errors decides retries
+        return fs
+
+    def _discard(self, fs: AbstractFileSystem) -> None:
+        # its loop is gone or belongs to another process: awaiting a close there is
+        # impossible, so close the connection pools synchronously
+        http = getattr(getattr(getattr(fs, "_s3", None), "_endpoint", None), "http_session", None)
+        for session in list((getattr(http, "_sessions", None) or {}).values()):
+            connector = getattr(session, "connector", None)
+            if connector is not None:
+                with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+                    connector._close()
+
+    def _key(self, rel: str) -> str:
+        return join(self._prefix, rel) if self._prefix else clean_rel(rel)
+
+    async def read(self, path: str, start: int, end: int, version: str | None = None) -> bytes:
+        rel = clean_rel(path)
+        check_range(start, end)
+        if start == end:
+            return b""
+        kw: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key(rel)}
+        kw["Range"] = f"bytes={start}-{end - 1}"
+        if version is not None:
+            kw["IfMatch"] = f'"{version}"'
+
+        async def op(fs: AbstractFileSystem) -> bytes:
+            try:
+                resp = await fs._call_s3("get_object", **kw)
+            except OSError as exc:
+                if _is_invalid_range(exc):
+                    return b""  # start at or beyond the end: nothing to return
+                raise
+            body = resp["Body"]
+            try:
+                return bytes(await body.read())
+            finally:
+                body.close()
+
+        data = await self._run(rel, op)
+        if not data and version is not None:
+            await self._check_version(rel, version)  # 416 carried no If-Match verdict
+        return data
+
+    async def read_head(self, path: str, length: int) -> tuple[FileInfo, bytes]:
+        """One ranged GET: its ETag, Content-Range total and body give info and data,
+        so a cold small file costs one request, like a plain GET."""
+        rel = clean_rel(path)
+        kw: dict[str, Any] = {
+            "Bucket": self._bucket,
+            "Key": self._key(rel),
+            "Range": f"bytes=0-{max(0, length - 1)}",
+        }
+
+        async def op(fs: AbstractFileSystem) -> tuple[dict[str, Any], bytes] | None:
+            try:
+                resp = await fs._call_s3("get_object", **kw)
+            except OSError as exc:
+                if _is_invalid_range(exc):
+                    return None  # an empty object
+                raise
+            body = resp["Body"]
+            try:
+                return resp, bytes(await body.read())
+            finally:
+                body.close()
+
+        got = await self._run(rel, op)
+        if got is None:
+            info = await self.info(rel)
+            return info, b""
+        resp, data = got
+        total = str(resp.get("ContentRange") or "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else len(data)
+        mtime = mtime_of(resp)
+        info = FileInfo(rel, size, version_of(resp, size, mtime), mtime, False)
+        return info, data
+
+    async def walk(self, path: str = "") -> AsyncIterator[FileInfo]:
+        rel = clean_rel(path)
+        key = self._key(rel)
+        kw: dict[str, Any] = {"Bucket": self._bucket, "Prefix": f"{key}/" if key else ""}
+        kw["MaxKeys"] = _PAGE
+        any_found = False
+        while True:
+            page_kw = dict(kw)
+
+            async def op(fs: AbstractFileSystem, page_kw: dict[str, Any] = page_kw) -> Any:
+                return await fs._call_s3("list_objects_v2", **page_kw)
+
+            page = await self._run(rel, op)
+            for obj in page.get("Contents", []):
+                if obj["Key"].endswith("/"):
+                    continue  # a directory marker
+                any_found = True
+                yield self._object_info(obj)
+            if not page.get("IsTruncated"):
+                break
+            kw["ContinuationToken"] = page["NextContinuationToken"]
+        if not any_found:
+            found = await self.info(rel)  # NotFound for a missing path
+            if not found.is_dir:
+                yield found
+
+    def _object_info(self, obj: Mapping[str, Any]) -> FileInfo:
+        size = int(obj.get("Size") or 0)
+        mtime = mtime_of(dict(obj))
+        return FileInfo(
+            path=relative(self._root, f"{self._bucket}/{obj['Key']}"),
+            size=size,
+            version=version_of(dict(obj), size, mtime),
+            mtime=mtime,
+            is_dir=False,
+        )
+
+    async def close(self) -> None:
+        fs, self._fs = self._fs, None
+        creator = getattr(fs, "_s3creator", None)
+        if creator is None:
+            return
+        if self._fs_loop is asyncio.get_running_loop():
+            await creator.__aexit__(None, None, None)
+        elif fs is not None:
+            self._discard(fs)
+
+
+def _is_invalid_range(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = (response.get("Error") or {}).get("Code")
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code == "InvalidRange" or status == 416
+
+
+def open_s3(uri: str, options: Mapping[str, str]) -> S3Store:
+    return S3Store(uri, options)
+
+
+__all__ = ["OPTIONS", "S3Store", "open_s3", "read_credentials"]

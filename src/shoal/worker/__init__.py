@@ -1,0 +1,1 @@
+"""The worker process: page store, read-through loader, data-path server, heartbeats."""

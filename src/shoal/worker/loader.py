@@ -1,0 +1,273 @@
+"""Read-through loading: metadata within the staleness bound, pages from the store or,
+on a miss, from under storage with exactly one fetch per page (single-flight), bounded
+parallelism, and readahead for sequential readers.
+
+A read is always of one file *version*: pages are keyed by it and ranged fetches are
+conditioned on it, so a reader can never get a mix of two versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shoal.core.paging import is_small, page_count, page_len, pages_for_range
+from shoal.core.singleflight import SingleFlight
+from shoal.core.types import NEVER, Dataset, FileInfo, FileKey
+from shoal.errors import StaleVersion
+from shoal.store.base import Location, PageStore, PutMeta
+from shoal.worker.datasets import DatasetTable
+
+log = logging.getLogger("shoal.worker.loader")
+
+#: a page as served: where it lies in the store, or its bytes when it could not be stored
+Piece = Location | bytes
+
+
+@dataclass(slots=True)
+class Pages:
+    info: FileInfo
+    first: int
+    pieces: list[Piece]
+    #: bytes that had to come from under storage for this read
+    ufs_bytes: int = 0
+
+
+class Loader:
+    def __init__(
+        self,
+        store: PageStore,
+        table: DatasetTable,
+        concurrency: int = 32,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.table = table
+        self.clock = clock
+        self._concurrency = concurrency
+        self._sem: asyncio.Semaphore | None = None
+        self._meta: dict[tuple[str, str], tuple[FileInfo, float]] = {}
+        self._lists: dict[tuple[str, str], tuple[list[FileInfo], float]] = {}
+        self._heads: SingleFlight[tuple[FileInfo, bytes | None]] = SingleFlight()
+        self._pages: SingleFlight[Piece] = SingleFlight()
+        self._last_page: dict[tuple[str, str], int] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        #: under-storage GETs issued (for tests and metrics)
+        self.ufs_gets = 0
+
+    # -- metadata -------------------------------------------------------------------
+
+    def _fresh(self, ds: Dataset, fetched_at: float) -> bool:
+        bound = ds.policy.staleness
+        return bound == NEVER or self.clock() - fetched_at <= bound
+
+    def cached_info(self, ds: Dataset, path: str) -> FileInfo | None:
+        hit = self._meta.get((ds.name, path))
+        if hit is not None and self._fresh(ds, hit[1]):
+            return hit[0]
+        return None
+
+    def _remember(self, ds: Dataset, path: str, info: FileInfo) -> None:
+        old = self._meta.get((ds.name, path))
+        self._meta[(ds.name, path)] = (info, self.clock())
+        if old is not None and old[0].version != info.version:
+            # the object changed: its old pages can never be served again
+            self.store.delete(FileKey(ds.name, path, old[0].version))
+
+    def forget(self, dataset: str) -> None:
+        for cache in (self._meta, self._lists):
+            for k in [k for k in cache if k[0] == dataset]:
+                del cache[k]
+
+    async def stat(self, dataset: str, path: str) -> FileInfo:
+        ds, ufs, rel = self.table.resolve(dataset, path)
+        info = self.cached_info(ds, path)
+        if info is not None:
+            return info
+        info = await ufs.info(rel)
+        info = _rebase(info, path)
+        if not info.is_dir:
+            self._remember(ds, path, info)
+        return info
+
+    async def ls(self, dataset: str, path: str) -> list[FileInfo]:
+        ds, ufs, rel = self.table.resolve(dataset, path)
+        hit = self._lists.get((ds.name, path))
+        if hit is not None and self._fresh(ds, hit[1]):
+            return hit[0]
+        entries = [_rebase(e, f"{path}/{e.path.rsplit('/', 1)[-1]}") for e in await ufs.ls(rel)]
+        self._lists[(ds.name, path)] = (entries, self.clock())
+        for e in entries:
+            if not e.is_dir:
+                self._remember(ds, e.path, e)
+        return entries
+
+    async def resolve(self, ds: Dataset, path: str, version: str | None) -> FileInfo:
+        """The file's info at ``version`` (or at whatever is current within the bound).
+
+        Cheapest first: metadata within the bound; else versions the store holds (a
+        restarted worker), trusted under "never revalidate" and otherwise revalidated
+        with one metadata request; else one GET that brings info and page 0 together.
+        """
+        info = self.cached_info(ds, path)
+        if info is not None and (version is None or info.version == version):
+            return info
+        held = self.store.versions(ds.name, path)
+        if version is not None and version in held:
+            candidate: str | None = version
+        elif version is None and len(held) == 1:
+            candidate = next(iter(held))
+        else:
+            candidate = None
+        if candidate is not None:
+            if ds.policy.staleness == NEVER:
+                info = FileInfo(path, held[candidate], candidate)
+                self._remember(ds, path, info)
+                return info
+            _, ufs, rel = self.table.resolve(ds.name, path)
+            info = _rebase(await ufs.info(rel), path)
+            self._remember(ds, path, info)
+        else:
+            info, _ = await self._head(ds, path)
+        if version is not None and info.version != version:
+            raise StaleVersion(f"/{ds.name}/{path} changed in under storage")
+        return info
+
+    async def _head(self, ds: Dataset, path: str) -> tuple[FileInfo, bytes | None]:
+        """Fetch info and page 0 in one request; page 0 goes into the store."""
+
+        async def fetch() -> tuple[FileInfo, bytes | None]:
+            _, ufs, rel = self.table.resolve(ds.name, path)
+            async with self._slot():
+                self.ufs_gets += 1
+                info, data = await ufs.read_head(rel, ds.policy.page_size)
+            info = _rebase(info, path)
+            self._remember(ds, path, info)
+            key = FileKey(ds.name, path, info.version).page(0)
+            if len(data) == page_len(info.size, ds.policy.page_size, 0):
+                self.store.put(key, data, self._put_meta(ds, info))
+                return info, data
+            return info, None
+
+        return await self._heads.do((ds.name, path), fetch)
+
+    # -- pages ----------------------------------------------------------------------
+
+    def _slot(self) -> asyncio.Semaphore:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self._concurrency)
+        return self._sem
+
+    def _put_meta(self, ds: Dataset, info: FileInfo) -> PutMeta:
+        p = ds.policy
+        return PutMeta(
+            file_size=info.size,
+            page_size=p.page_size,
+            pin=p.pin,
+            expires_at=self.clock() + p.ttl if p.ttl else 0.0,
+        )
+
+    def try_cached(
+        self, dataset: str, path: str, version: str | None, offset: int, length: int
+    ) -> Pages | None:
+        """The synchronous fast path: everything already known and cached, or None."""
+        ds = self.table.get(dataset)
+        info = self.cached_info(ds, path)
+        if info is None or (version is not None and info.version != version):
+            return None
+        rng = pages_for_range(info.size, ds.policy.page_size, offset, length)
+        fk = FileKey(ds.name, path, info.version)
+        pieces: list[Piece] = []
+        for i in rng:
+            loc = self.store.locate(fk.page(i))
+            if loc is None:
+                return None
+            pieces.append(loc)
+        return Pages(info, rng.start, pieces)
+
+    async def read(
+        self, dataset: str, path: str, version: str | None, offset: int, length: int
+    ) -> Pages:
+        ds = self.table.get(dataset)
+        before = self.ufs_gets
+        info = await self.resolve(ds, path, version)
+        ps = ds.policy.page_size
+        rng = pages_for_range(info.size, ps, offset, length)
+        fk = FileKey(ds.name, path, info.version)
+        pieces: list[Piece | None] = [self.store.locate(fk.page(i)) for i in rng]
+        missing = [i for i, p in zip(rng, pieces, strict=True) if p is None]
+        ufs_bytes = 0
+        if missing:
+            got = await asyncio.gather(*(self._page(ds, info, i) for i in missing))
+            for i, piece in zip(missing, got, strict=True):
+                pieces[i - rng.start] = piece
+                ufs_bytes += page_len(info.size, ps, i)
+        elif self.ufs_gets != before:
+            ufs_bytes = min(info.size, ps)  # page 0 came with the head request
+        if not is_small(info.size, ps) and rng:
+            self._maybe_readahead(ds, info, rng)
+        return Pages(info, rng.start, [p for p in pieces if p is not None], ufs_bytes)
+
+    async def _page(self, ds: Dataset, info: FileInfo, index: int) -> Piece:
+        key = FileKey(ds.name, info.path, info.version).page(index)
+
+        async def fetch() -> Piece:
+            loc = self.store.locate(key)
+            if loc is not None:
+                return loc
+            if index == 0:
+                head_info, data = await self._head(ds, info.path)
+                if head_info.version == info.version and data is not None:
+                    return self.store.locate(key) or data
+            _, ufs, rel = self.table.resolve(ds.name, info.path)
+            ps = ds.policy.page_size
+            start = index * ps
+            async with self._slot():
+                self.ufs_gets += 1
+                try:
+                    data = await ufs.read(
+                        rel, start, start + page_len(info.size, ps, index), info.version
+                    )
+                except StaleVersion:
+                    # our metadata is stale: forget it so the next read sees the new version
+                    self._meta.pop((ds.name, info.path), None)
+                    raise
+            self.store.put(key, data, self._put_meta(ds, info))
+            return self.store.locate(key) or data
+
+        return await self._pages.do(key, fetch)
+
+    def _maybe_readahead(self, ds: Dataset, info: FileInfo, rng: range) -> None:
+        ahead = ds.policy.readahead
+        k = (ds.name, info.path)
+        last = self._last_page.get(k, -1)
+        self._last_page[k] = rng.stop - 1
+        if ahead <= 0 or not (rng.start == 0 or rng.start == last + 1):
+            return
+        total = page_count(info.size, ds.policy.page_size)
+        fk = FileKey(ds.name, info.path, info.version)
+        for i in range(rng.stop, min(total, rng.stop + ahead)):
+            if fk.page(i) in self._pages or self.store.contains(fk.page(i)):
+                continue
+            task = asyncio.get_running_loop().create_task(self._prefetch(ds, info, i))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _prefetch(self, ds: Dataset, info: FileInfo, index: int) -> None:
+        try:
+            await self._page(ds, info, index)
+        except Exception as exc:  # readahead is advisory; the reader will retry and see it
+            log.debug("readahead of %s page %d failed: %s", info.path, index, exc)
+
+    async def close(self) -> None:
+        for t in list(self._background):
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _rebase(info: FileInfo, path: str) -> FileInfo:
+    """Under-storage paths are mount-relative; keys use '<mount>/<rel>'."""
+    return FileInfo(path, info.size, info.version, info.mtime, info.is_dir)

@@ -1,0 +1,277 @@
+"""The worker process: wires store, loader and servers together, registers with the
+master and heartbeats. Runs on with its last known datasets while the master is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from shoal.config import WorkerSettings
+from shoal.core.types import Dataset
+from shoal.errors import InvalidArgument
+from shoal.store.tiered import TieredStore
+from shoal.worker import metrics
+from shoal.worker.datasets import DatasetTable
+from shoal.worker.loader import Loader
+from shoal.worker.server import Conn, DataService
+from shoal.worker.stats import Stats
+
+log = logging.getLogger("shoal.worker")
+
+#: Unix socket paths longer than this do not fit sockaddr_un
+_UDS_MAX = 100
+
+
+def _identity(work_dir: Path) -> str:
+    """A stable worker id: the same worker keeps its ring position across restarts."""
+    f = work_dir / "id"
+    try:
+        return f.read_text().strip()
+    except FileNotFoundError:
+        wid = "w-" + uuid.uuid4().hex[:12]
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(wid)
+        os.replace(tmp, f)
+        return wid
+
+
+def _uds_path(settings: WorkerSettings, work_dir: Path, wid: str) -> str:
+    path = settings.uds or str(work_dir / "worker.sock")
+    if len(path) > _UDS_MAX:
+        path = f"/tmp/shoal-{wid}.sock"
+    return path
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings) -> None:
+        if not settings.tiers:
+            raise InvalidArgument("a worker needs at least one --tier NAME:PATH:SIZE")
+        self.settings = settings
+        self.work_dir = Path(settings.work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.id = _identity(self.work_dir)
+        self.store = TieredStore.from_specs(list(settings.tiers))
+        self.table = DatasetTable(self.work_dir / "datasets.json")
+        self.stats = Stats()
+        self.loader = Loader(self.store, self.table, settings.ufs_concurrency)
+        self.service = DataService(self.loader, self.stats, self.id, settings.node)
+        self.uds = _uds_path(settings, self.work_dir, self.id)
+        self.port = 0
+        self.metrics_port = 0
+        self._servers: list[asyncio.AbstractServer] = []
+        self._runner: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.registered = asyncio.Event()
+        self._last_refresh = 0.0
+        self._refresh_task: asyncio.Task[None] | None = None
+        self.service.refresh_datasets = self._refresh_on_miss
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        tcp = await loop.create_server(lambda: Conn(self.service, False), s.host, s.port)
+        self.port = tcp.sockets[0].getsockname()[1]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.uds)
+        uds = await loop.create_unix_server(lambda: Conn(self.service, True), self.uds)
+        os.chmod(self.uds, 0o666)
+        self._servers = [tcp, uds]
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, s.host, 0)
+        await site.start()
+        self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self._tasks.append(loop.create_task(self._heartbeat_loop()))
+        self._tasks.append(loop.create_task(self._flush_loop()))
+        log.info("worker %s serving on %s:%d and %s", self.id, s.host, self.port, self.uds)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for srv in self._servers:
+            srv.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.close()
+        await self.loader.close()
+        await self.table.close()
+        self.store.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.uds)
+
+    def address(self) -> dict[str, Any]:
+        host = self.settings.advertise_host or self.settings.host
+        return {
+            "id": self.id,
+            "host": host,
+            "port": self.port,
+            "uds": self.uds,
+            "node": self.settings.node,
+            "metrics_port": self.metrics_port,
+        }
+
+    # -- master ---------------------------------------------------------------------
+
+    async def _register(self) -> dict[str, Any]:
+        body = dict(self.address())
+        body["tiers"] = [
+            {"name": t.name, "path": t.path, "capacity": t.capacity} for t in self.settings.tiers
+        ]
+        return await self._post("/api/v1/workers/register", body)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert self._http is not None
+        async with self._http.post(self.settings.master + path, json=body) as r:
+            data: dict[str, Any] = await r.json()
+            if r.status >= 400:
+                raise RuntimeError(f"master answered {r.status}: {data}")
+            return data
+
+    async def _refresh_datasets(self, generation: int) -> None:
+        assert self._http is not None
+        async with self._http.get(self.settings.master + "/api/v1/datasets") as r:
+            r.raise_for_status()
+            data = await r.json()
+        new = [Dataset.from_dict(d) for d in data["datasets"]]
+        old = {n: self.table.get(n) for n in self.table.names()}
+        gone = self.table.replace(new, generation)
+        for name in gone:
+            log.info("dataset %s deleted: dropping its cache", name)
+            self.store.delete(dataset=name)
+            self.loader.forget(name)
+            self.stats.forget(name)
+        for ds in new:
+            prev = old.get(ds.name)
+            if prev is None or prev.generation == ds.generation:
+                continue
+            self.loader.forget(ds.name)
+            if prev.policy.page_size != ds.policy.page_size or prev.mounts != ds.mounts:
+                self.store.delete(dataset=ds.name)
+
+    async def _refresh_on_miss(self) -> bool:
+        """A client named a dataset we do not know: ask the master once for all waiters,
+        at most 5 times a second. True when the caller should look again."""
+        task = self._refresh_task
+        if task is None or task.done():
+            now = time.monotonic()
+            if now - self._last_refresh < 0.2:
+                return task is not None
+            self._last_refresh = now
+            task = self._refresh_task = asyncio.get_running_loop().create_task(
+                self._refresh_datasets(self.table.generation)
+            )
+        try:
+            await asyncio.shield(task)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.warning("cannot refresh datasets from the master: %s", exc)
+            return False
+        return True
+
+    async def _flush_loop(self) -> None:
+        """Commit the store's index a few times a second (it batches writes)."""
+        while True:
+            await asyncio.sleep(0.2)
+            self.store.flush()
+
+    async def _heartbeat_loop(self) -> None:
+        interval = 2.0
+        known = False
+        while True:
+            try:
+                if not known:
+                    reply = await self._register()
+                    interval = float(reply.get("heartbeat_interval", interval))
+                    known = True
+                else:
+                    reply = await self._post(
+                        f"/api/v1/workers/{self.id}/heartbeat", {"stats": self.snapshot()}
+                    )
+                    known = bool(reply.get("known", True))
+                self.service.epoch = int(reply.get("epoch", self.service.epoch))
+                gen = int(reply.get("datasets_generation", -1))
+                if gen != self.table.generation:
+                    await self._refresh_datasets(gen)
+                self.registered.set()
+            except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as exc:
+                log.warning("master unreachable (%s); serving on with known datasets", exc)
+            self.store.expire(time.time())
+            await asyncio.sleep(interval if known else min(interval, 1.0))
+
+    # -- reporting ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        usage = self.store.usage()
+        datasets = self.stats.to_dict()
+        for name, du in usage.by_dataset.items():
+            d = datasets.setdefault(
+                name,
+                {"hits": 0, "misses": 0, "bytes_by_source": {"local": 0, "remote": 0, "ufs": 0}},
+            )
+            d["cached_files"] = du.files
+            d["cached_bytes"] = du.bytes
+        tiers = [
+            {"name": name, "capacity": u.capacity, "used": u.used, "pages": u.pages}
+            for name, u in self.store.tier_usage()
+        ]
+        return {
+            "tiers": tiers,
+            "datasets": datasets,
+            "corrupt_pages": usage.corrupt_pages,
+            "ufs_requests": self.loader.ufs_gets,
+        }
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = metrics.render(self.snapshot)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, **self.address()})
+
+
+async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    worker = Worker(settings)
+    await worker.start()
+    if settings.url_file:
+        tmp = settings.url_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(worker.address(), f)
+        os.replace(tmp, settings.url_file)
+    try:
+        await stop.wait()
+    finally:
+        await worker.stop()
+
+
+def run_worker(settings: WorkerSettings) -> None:
+    """Run a worker until SIGTERM or SIGINT."""
+    import uvloop
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop)
+
+    uvloop.run(main())

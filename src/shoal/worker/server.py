@@ -1,0 +1,376 @@
+"""The data-path server: the binary protocol of shoal.proto.wire on uvloop, over TCP
+and a Unix socket.
+
+Requests whose answer is already cached are answered synchronously inside
+``data_received`` (no task, no await); the rest run as a task. Cached bytes leave with
+``os.sendfile`` straight from the page store's files when the socket can take them, and
+local clients get open descriptors (SCM_RIGHTS) instead of bytes.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from shoal.core.types import FileKey
+from shoal.errors import DatasetNotFound, InvalidArgument, ProtocolError, ShoalError
+from shoal.proto import wire
+from shoal.proto.wire import Op, Status
+from shoal.store.base import Location
+from shoal.worker.loader import Loader, Pages, Piece
+from shoal.worker.stats import Stats
+
+log = logging.getLogger("shoal.worker.server")
+
+_BATCH_MAX = 4096
+
+
+@dataclass(slots=True)
+class Reply:
+    meta: Any
+    pieces: list[Piece] = field(default_factory=list)
+    #: descriptors to hand over (Unix socket only); closed after sending
+    fds: list[int] = field(default_factory=list)
+
+
+def _piece_len(p: Piece) -> int:
+    return p.length if isinstance(p, Location) else len(p)
+
+
+def _piece_ck(p: Piece) -> int:
+    return p.checksum if isinstance(p, Location) else xxhash.xxh3_64_intdigest(p)
+
+
+class DataService:
+    """What the data path can do; connection handling lives in :class:`Conn`."""
+
+    def __init__(self, loader: Loader, stats: Stats, worker_id: str, node: str) -> None:
+        self.loader = loader
+        self.stats = stats
+        self.worker_id = worker_id
+        self.node = node
+        self.epoch = 0
+        #: asks the master for dataset definitions; True if anything changed
+        self.refresh_datasets: Callable[[], Awaitable[bool]] | None = None
+
+    # -- fast path ------------------------------------------------------------------
+
+    def try_fast(self, op: Op, args: list[Any], local: bool) -> Reply | None:
+        try:
+            return self._try_fast(op, args, local)
+        except DatasetNotFound:
+            return None  # maybe created a moment ago: the slow path asks the master
+
+    def _try_fast(self, op: Op, args: list[Any], local: bool) -> Reply | None:
+        if op == Op.READ:
+            pages = self.loader.try_cached(args[0], args[1], args[4], args[2], args[3])
+            return None if pages is None else self._read_reply(args[0], pages, local)
+        if op == Op.LOCATE:
+            pages = self.loader.try_cached(args[0], args[1], args[2], args[3], args[4])
+            return None if pages is None else self._locate_reply(args[0], pages)
+        if op == Op.TOUCH:
+            return self._touch(args[0], args[1])
+        if op == Op.DROP:
+            key = FileKey(args[0], args[1], args[2]).page(int(args[3]))
+            self.loader.store.drop_corrupt(key)
+            self.stats.corrupt_reports += 1
+            return Reply({})
+        if op == Op.HELLO:
+            return Reply(
+                {
+                    "version": wire.VERSION,
+                    "worker": self.worker_id,
+                    "node": self.node,
+                    "epoch": self.epoch,
+                }
+            )
+        return None
+
+    # -- slow path ------------------------------------------------------------------
+
+    async def handle(self, op: Op, args: list[Any], local: bool) -> Reply:
+        try:
+            return await self._handle(op, args, local)
+        except DatasetNotFound:
+            if self.refresh_datasets is None or not await self.refresh_datasets():
+                raise
+            return await self._handle(op, args, local)
+
+    async def _handle(self, op: Op, args: list[Any], local: bool) -> Reply:
+        if op == Op.READ:
+            pages = await self.loader.read(args[0], args[1], args[4], args[2], args[3])
+            return self._read_reply(args[0], pages, local)
+        if op == Op.LOCATE:
+            pages = await self.loader.read(args[0], args[1], args[2], args[3], args[4])
+            return self._locate_reply(args[0], pages)
+        if op == Op.BATCH:
+            return await self._batch(args[0], args[1], local)
+        if op == Op.STAT:
+            return Reply((await self.loader.stat(args[0], args[1])).to_wire())
+        if op == Op.LIST:
+            return Reply([e.to_wire() for e in await self.loader.ls(args[0], args[1])])
+        raise ProtocolError(f"op {op.name} not handled")
+
+    def _read_reply(self, dataset: str, pages: Pages, local: bool) -> Reply:
+        total = sum(_piece_len(p) for p in pages.pieces)
+        self.stats.served(dataset, total - min(total, pages.ufs_bytes), pages.ufs_bytes, local)
+        meta = {
+            "v": pages.info.version,
+            "size": pages.info.size,
+            "mt": pages.info.mtime,
+            "first": pages.first,
+            "pages": [[_piece_len(p), _piece_ck(p)] for p in pages.pieces],
+        }
+        return Reply(meta, pages.pieces)
+
+    def _locate_reply(self, dataset: str, pages: Pages) -> Reply:
+        fds: list[int] = []
+        ids: list[list[int]] = []
+        slot_of: dict[str, int] = {}
+        out: list[list[int]] = []
+        try:
+            for p in pages.pieces:
+                if not isinstance(p, Location):
+                    out.append([-1, 0, len(p), 0])  # not stored: read it with READ
+                    continue
+                slot = slot_of.get(p.path)
+                if slot is None:
+                    fd = os.open(p.path, os.O_RDONLY | os.O_CLOEXEC)
+                    st = os.fstat(fd)
+                    slot = slot_of[p.path] = len(fds)
+                    fds.append(fd)
+                    ids.append([st.st_dev, st.st_ino])
+                out.append([slot, p.offset, p.length, p.checksum])
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self.stats.served(dataset, 0, pages.ufs_bytes, True)
+        meta = {
+            "v": pages.info.version,
+            "size": pages.info.size,
+            "mt": pages.info.mtime,
+            "first": pages.first,
+            "pages": out,
+            "fds": ids,
+        }
+        return Reply(meta, fds=fds)
+
+    def _touch(self, dataset: str, items: list[list[Any]]) -> Reply:
+        files = nbytes = 0
+        for path, version, npages, size in items:
+            fk = FileKey(dataset, path, version)
+            for i in range(int(npages)):
+                self.loader.store.locate(fk.page(i))  # bumps recency
+            files += 1
+            nbytes += int(size)
+        self.stats.touched(dataset, files, nbytes)
+        return Reply({})
+
+    async def _batch(self, dataset: str, paths: list[str], local: bool) -> Reply:
+        if len(paths) > _BATCH_MAX:
+            raise InvalidArgument(f"batch of {len(paths)} files: at most {_BATCH_MAX}")
+        ds = self.loader.table.get(dataset)
+
+        async def one(path: str) -> Pages | ShoalError:
+            try:
+                fast = self.loader.try_cached(dataset, path, None, 0, -1)
+                return (
+                    fast if fast is not None else await self.loader.read(dataset, path, None, 0, -1)
+                )
+            except ShoalError as exc:
+                return exc
+
+        results = await asyncio.gather(*(one(p) for p in paths))
+        items: list[list[Any]] = []
+        pieces: list[Piece] = []
+        for path, res in zip(paths, results, strict=True):
+            if isinstance(res, ShoalError):
+                items.append([path, res.code, res.message, 0, 0])
+                continue
+            if res.info.size > ds.policy.page_size:
+                items.append([path, "large", res.info.version, res.info.size, 0])
+                continue
+            p = res.pieces[0]
+            items.append([path, "", res.info.version, res.info.size, _piece_ck(p)])
+            pieces.append(p)
+            n = _piece_len(p)
+            self.stats.served(dataset, n - min(n, res.ufs_bytes), res.ufs_bytes, local)
+        return Reply({"items": items}, pieces)
+
+
+class Conn(asyncio.Protocol):
+    """One client connection: frames in, replies out, one request at a time."""
+
+    def __init__(self, service: DataService, local: bool) -> None:
+        self.service = service
+        self.local = local
+        self.buf = bytearray()
+        self.busy = False
+        self.transport: asyncio.Transport | None = None
+        self._raw: socket.socket | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # our own handle on the fd: uvloop's pseudo-socket has no sendmsg/sendfile
+            self._raw = socket.socket(fileno=os.dup(sock.fileno()))
+            try:
+                self._raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            except OSError:
+                pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._next()
+
+    def _next(self) -> None:
+        while not self.busy and self.transport is not None:
+            if len(self.buf) < wire.REQ_HDR.size:
+                return
+            body_len, op_raw, req_id = wire.REQ_HDR.unpack_from(self.buf)
+            if body_len > wire.MAX_BODY:
+                self._fatal(req_id, ProtocolError(f"request of {body_len} bytes is too large"))
+                return
+            end = wire.REQ_HDR.size + body_len
+            if len(self.buf) < end:
+                return
+            try:
+                op = wire.check_op(op_raw)
+                args = wire.unpack(memoryview(self.buf)[wire.REQ_HDR.size : end])
+                if not isinstance(args, list):
+                    raise ProtocolError("request body is not a list")
+            except (ProtocolError, ValueError) as exc:
+                del self.buf[:end]
+                self._fatal(
+                    req_id, exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc))
+                )
+                return
+            del self.buf[:end]
+            try:
+                reply = self.service.try_fast(op, args, self.local)
+            except ShoalError as exc:
+                self._send_error(req_id, exc)
+                continue
+            except Exception as exc:
+                self._send_error(req_id, self._internal(op, exc))
+                continue
+            if reply is not None:
+                self._send(req_id, reply)
+                continue
+            self.busy = True
+            asyncio.get_running_loop().create_task(self._slow(op, req_id, args))
+
+    async def _slow(self, op: Op, req_id: int, args: list[Any]) -> None:
+        try:
+            reply = await self.service.handle(op, args, self.local)
+        except ShoalError as exc:
+            self._send_error(req_id, exc)
+        except (IndexError, TypeError, ValueError) as exc:
+            self._send_error(req_id, ProtocolError(f"bad arguments for {op.name}: {exc}"))
+        except Exception as exc:
+            self._send_error(req_id, self._internal(op, exc))
+        else:
+            self._send(req_id, reply)
+        finally:
+            self.busy = False
+        self._next()
+
+    def _internal(self, op: Op, exc: Exception) -> ShoalError:
+        log.error("internal error serving %s", op.name, exc_info=exc)
+        return ShoalError(f"internal error in worker serving {op.name}")
+
+    def _fatal(self, req_id: int, exc: ShoalError) -> None:
+        self._send_error(req_id, exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _send_error(self, req_id: int, exc: ShoalError) -> None:
+        if self.transport is not None:
+            self.transport.write(wire.encode_error(req_id, self.service.epoch, exc))
+
+    def _send(self, req_id: int, reply: Reply) -> None:
+        t = self.transport
+        if t is None:
+            for fd in reply.fds:
+                os.close(fd)
+            return
+        total = sum(_piece_len(p) for p in reply.pieces)
+        head = wire.encode_response_head(Status.OK, req_id, self.service.epoch, reply.meta, total)
+        if reply.fds:
+            self._send_fds(head, reply.fds)
+        else:
+            t.write(head)
+        for p in reply.pieces:
+            if isinstance(p, Location):
+                self._send_file(p)
+            else:
+                t.write(p)
+
+    def _send_fds(self, head: bytes, fds: list[int]) -> None:
+        t = self.transport
+        assert t is not None and self._raw is not None
+        try:
+            sent = 0
+            if t.get_write_buffer_size() == 0:
+                try:
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    sent = self._raw.sendmsg([head], anc)
+                except BlockingIOError:
+                    sent = 0
+            if sent == 0:
+                # cannot attach descriptors now; the client sees no fds and falls back
+                log.debug("socket busy: LOCATE answered without descriptors")
+            if sent < len(head):
+                t.write(head[sent:])
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _send_file(self, loc: Location) -> None:
+        t = self.transport
+        assert t is not None
+        off, left = loc.offset, loc.length
+        try:
+            fd = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.warning("cached file %s vanished: %s", loc.path, exc)
+            t.write(bytes(left))  # keep framing; the checksum makes the client retry
+            return
+        try:
+            if self._raw is not None and t.get_write_buffer_size() == 0:
+                out = self._raw.fileno()
+                while left > 0:
+                    try:
+                        n = os.sendfile(out, fd, off, left)
+                    except BlockingIOError:
+                        break
+                    if n == 0:
+                        break
+                    off += n
+                    left -= n
+            while left > 0:
+                chunk = os.pread(fd, min(left, 8 << 20), off)
+                if not chunk:
+                    t.write(bytes(left))
+                    break
+                t.write(chunk)
+                off += len(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)

@@ -1,0 +1,42 @@
+"""Fixtures shared by every test: a moto S3 server per session and real clusters."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.testing.cluster import TestCluster, s3_env, start_cluster
+from shoal.testing.s3 import MotoServer
+
+_bucket_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session", autouse=False)
+def s3_credentials() -> Iterator[None]:
+    with s3_env():
+        yield
+
+
+@pytest.fixture
+def bucket() -> str:
+    """A fresh bucket name per test."""
+    return f"test-{next(_bucket_ids)}"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3_credentials: None) -> Iterator[TestCluster]:
+    """A master and two workers as real processes on free ports."""
+    c = start_cluster(tmp_path / "cluster", workers=2)
+    try:
+        yield c
+    finally:
+        c.stop()
