@@ -393,6 +393,37 @@ class AsyncClient:
         c.bytes_ufs += len(data)
         return data
 
+    async def open_local(self, path: str) -> tuple[int, FileInfo] | None:
+        """A new descriptor holding the whole file at offset 0, when a worker on this
+        host has every page of it in one data file (a complete large file); else None.
+        The caller owns (and closes) the descriptor. For FUSE passthrough and mmap."""
+        ds, np = await self._resolve(path)
+        if not np.rel:
+            raise IsADirectory(str(np))
+        ds.mount(np.mount)
+        for w in await self.owners(ds, np.key_path):
+            if not self.is_local(w):
+                continue
+            try:
+                resp = await self._call(w, Op.LOCATE, [ds.name, np.key_path, None, 0, -1], True)
+            except Unavailable as exc:
+                self._mark_suspect(w, exc)
+                continue
+            m = resp.meta
+            info = FileInfo(str(np), m["size"], m["v"], m.get("mt", 0.0))
+            self.cache.remember(ds.name, FileInfo(np.key_path, m["size"], m["v"], m.get("mt", 0.0)))
+            pages = m["pages"]
+            whole = (
+                len(resp.fds) == 1
+                and all(p[0] == 0 for p in pages)
+                and all(p[1] == (m["first"] + i) * ds.policy.page_size for i, p in enumerate(pages))
+                and pages[0][1] == 0
+            )
+            for fd in resp.fds[1:] if whole else resp.fds:
+                os.close(fd)
+            return (resp.fds[0], info) if whole else None
+        return None
+
     async def cat_many(self, paths: Iterable[str]) -> dict[str, bytes | ShoalError]:
         """Whole files, batched: one request per worker for the files it owns."""
         out: dict[str, bytes | ShoalError] = {}

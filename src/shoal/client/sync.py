@@ -131,6 +131,10 @@ class Client:
     def ls(self, path: str) -> list[FileInfo]:
         return self._run(self._aio.ls(path))
 
+    def open_local(self, path: str) -> tuple[int, FileInfo] | None:
+        """See AsyncClient.open_local: a descriptor of the whole file on a local worker."""
+        return self._run(self._aio.open_local(path))
+
     def flush(self) -> None:
         """Report short-circuit hits to their workers now."""
         self._run(self._aio.flush_touches())
