@@ -19,7 +19,7 @@ Handler = Callable[[argparse.Namespace], int | None]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from shoal.cli import cluster, dataset, fs, report
+    from shoal.cli import cluster, dataset, fs, jobs, report
 
     p = argparse.ArgumentParser(
         prog="shoal", description="A distributed dataset cache for AI training."
@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster.register(sub)
     dataset.register(sub)
     fs.register(sub)
+    jobs.register(sub)
     report.register(sub)
     return p
 

@@ -12,6 +12,7 @@ the read falls back to under storage, counted and logged, for classified errors 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -24,9 +25,10 @@ import xxhash
 from shoal.client.cache import ClientCache, LocKey, PageLoc, WorkerAddr
 from shoal.client.conn import Pool, Response
 from shoal.config import ClientSettings
+from shoal.core.manifest import Manifest
 from shoal.core.paging import pages_for_range
 from shoal.core.ring import Ring
-from shoal.core.types import Dataset, FileInfo, Mount, NsPath, split_path
+from shoal.core.types import NEVER, Dataset, FileInfo, Mount, NsPath, split_path
 from shoal.errors import (
     CorruptData,
     DatasetNotFound,
@@ -74,16 +76,18 @@ class AsyncClient:
         url = self.settings.master + path
         try:
             async with http.request(method, url, json=body) as r:
-                try:
-                    data = await r.json(content_type=None)
-                except ValueError:
-                    raise ProtocolError(f"master at {self.settings.master} sent non-JSON") from None
-                if r.status >= 400:
-                    err = data.get("error", {}) if isinstance(data, dict) else {}
-                    raise from_code(str(err.get("code", "io")), str(err.get("message", r.reason)))
-                return data
+                status, reason = r.status, r.reason
+                raw = await r.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise Unavailable(f"master at {self.settings.master} unreachable: {exc}") from None
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            raise ProtocolError(f"master at {self.settings.master} sent non-JSON") from None
+        if status >= 400:
+            err = data.get("error", {}) if isinstance(data, dict) else {}
+            raise from_code(str(err.get("code", "io")), str(err.get("message", reason)))
+        return data
 
     async def create_dataset(
         self, name: str, mounts: list[Mount], options: dict[str, str] | None = None
@@ -108,8 +112,14 @@ class AsyncClient:
         out = [Dataset.from_dict(d) for d in data["datasets"]]
         now = time.monotonic()
         for ds in out:
-            self.cache.datasets[ds.name] = (ds, now)
+            self._install(ds, now)
         return out
+
+    def _install(self, ds: Dataset, now: float) -> None:
+        old = self.cache.datasets.get(ds.name)
+        if old is not None and old[0].generation != ds.generation:
+            self.cache.forget_dataset(ds.name)  # a sync or policy change: metadata may be stale
+        self.cache.datasets[ds.name] = (ds, now)
 
     async def dataset(self, name: str, refresh: bool = False) -> Dataset:
         hit = self.cache.datasets.get(name)
@@ -123,8 +133,50 @@ class AsyncClient:
             if hit is not None:
                 return hit[0]  # the master is down: keep serving what we know
             raise
-        self.cache.datasets[name] = (ds, time.monotonic())
+        self._install(ds, time.monotonic())
         return ds
+
+    # -- jobs -----------------------------------------------------------------------
+
+    async def submit_job(self, spec: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
+        body = {"spec": spec, "schedule": schedule}
+        return await self._master("POST", "/api/v1/jobs", body)
+
+    async def jobs(self) -> dict[str, Any]:
+        return await self._master("GET", "/api/v1/jobs")
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return await self._master("GET", f"/api/v1/jobs/{job_id}")
+
+    async def stop_job(self, job_id: str) -> dict[str, Any]:
+        return await self._master("POST", f"/api/v1/jobs/{job_id}/stop")
+
+    async def resume_job(self, job_id: str) -> dict[str, Any]:
+        return await self._master("POST", f"/api/v1/jobs/{job_id}/resume")
+
+    async def manifest(self, ds: Dataset) -> Manifest | None:
+        """The dataset's manifest (fetched once per manifest id), if it has one within
+        its staleness bound."""
+        if not ds.manifest:
+            return None
+        hit = self.cache.manifests.get(ds.name)
+        if hit is None or hit[0] != ds.manifest:
+            http = await self._session()
+            url = f"{self.settings.master}/api/v1/datasets/{ds.name}/manifest"
+            try:
+                async with http.get(url) as r:
+                    if r.status != 200:
+                        return None
+                    raw = await r.read()
+                    mid = r.headers.get("X-Shoal-Manifest", ds.manifest)
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                return hit[1] if hit is not None else None
+            hit = self.cache.manifests[ds.name] = (mid, Manifest.from_bytes(raw))
+        man = hit[1]
+        bound = ds.policy.staleness
+        if bound != NEVER and time.time() - man.built_at > bound:
+            return None
+        return man
 
     async def report(self) -> dict[str, Any]:
         return await self._master("GET", "/api/v1/report")
@@ -228,6 +280,14 @@ class AsyncClient:
             ds.mount(np.mount)
             return FileInfo(str(np), 0, "", 0.0, True)
         info = self.cache.info(ds, np.key_path)
+        man = await self.manifest(ds) if info is None else None
+        if man is not None:
+            e = man.get(np.key_path)
+            if e is not None:
+                info = e.info()
+                self.cache.remember(ds.name, info)
+            elif man.is_dir(np.key_path):
+                return FileInfo(str(np), 0, "", 0.0, True)
         if info is None:
             resp = await self._with_failover(ds, np, Op.STAT, [ds.name, np.key_path])
             info = FileInfo.from_wire(resp.meta)
@@ -242,6 +302,15 @@ class AsyncClient:
         if not np.mount:
             return [FileInfo(f"/{ds.name}/{m.name}", 0, "", 0.0, True) for m in ds.mounts]
         ds.mount(np.mount)
+        man = await self.manifest(ds)
+        if man is not None and (man.is_dir(np.key_path) or man.get(np.key_path) is not None):
+            entries = (
+                man.ls(np.key_path) if man.is_dir(np.key_path) else [man.get(np.key_path).info()]
+            )  # type: ignore[union-attr]
+            return [
+                FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir)
+                for e in entries
+            ]
         resp = await self._with_failover(ds, np, Op.LIST, [ds.name, np.key_path])
         out = []
         for w in resp.meta:

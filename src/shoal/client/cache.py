@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.core.manifest import Manifest
 from shoal.core.ring import Ring
 from shoal.core.types import NEVER, Dataset, FileInfo
 
@@ -89,6 +90,8 @@ class ClientCache:
     touches: dict[str, dict[str, list[list[Any]]]] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
     max_fds: int = 512
+    #: dataset -> (manifest id, manifest)
+    manifests: dict[str, tuple[str, Manifest]] = field(default_factory=dict)
 
     def info(self, ds: Dataset, path: str) -> FileInfo | None:
         hit = self.meta.get((ds.name, path))
@@ -105,6 +108,12 @@ class ClientCache:
 
     def forget(self, ds: str, path: str) -> None:
         self.meta.pop((ds, path), None)
+
+    def forget_dataset(self, ds: str) -> None:
+        for k in [k for k in self.meta if k[0] == ds]:
+            self.meta.pop(k, None)
+        for k in [k for k in self.locs if k[0] == ds]:
+            self.locs.pop(k, None)
 
     def add_fd(self, key: tuple[int, int], fd: int) -> None:
         if key in self.fds:

@@ -158,6 +158,21 @@ class Client:
     def dataset(self, name: str) -> Dataset:
         return self._run(self._aio.dataset(name, refresh=True))
 
+    def submit_job(self, spec: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
+        return self._run(self._aio.submit_job(spec, schedule))
+
+    def jobs(self) -> dict[str, Any]:
+        return self._run(self._aio.jobs())
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._run(self._aio.job(job_id))
+
+    def stop_job(self, job_id: str) -> dict[str, Any]:
+        return self._run(self._aio.stop_job(job_id))
+
+    def resume_job(self, job_id: str) -> dict[str, Any]:
+        return self._run(self._aio.resume_job(job_id))
+
     def report(self) -> dict[str, Any]:
         return self._run(self._aio.report())
 

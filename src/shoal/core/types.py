@@ -213,6 +213,8 @@ class Dataset:
     policy: CachePolicy = field(default_factory=CachePolicy)
     #: bumped by every update; workers and clients compare it to notice changes
     generation: int = 1
+    #: id of the dataset's current manifest ("" = none yet); set by metadata loads
+    manifest: str = ""
 
     def __post_init__(self) -> None:
         check_name("dataset", self.name)
@@ -234,6 +236,7 @@ class Dataset:
             "mounts": [m.to_dict() for m in self.mounts],
             "policy": self.policy.to_dict(),
             "generation": self.generation,
+            "manifest": self.manifest,
         }
 
     @classmethod
@@ -243,6 +246,7 @@ class Dataset:
             mounts=tuple(Mount.from_dict(m) for m in d["mounts"]),
             policy=CachePolicy.from_dict(d.get("policy") or {}),
             generation=int(d.get("generation", 1)),
+            manifest=str(d.get("manifest") or ""),
         )
 
 

@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import shoal
 from shoal.config import MasterSettings
 from shoal.errors import InvalidArgument, NotFound, ShoalError
+from shoal.master.jobroutes import add_job_routes
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService, check_settings
 from shoal.master.state import MasterState
@@ -156,6 +157,7 @@ def make_app(service: MasterService) -> web.Application:
     app.router.add_get(control.RING, _ring)
     app.router.add_get(control.REPORT, _report)
     app.router.add_get(control.METRICS, metrics)
+    add_job_routes(app, service.jobs)
     return app
 
 

@@ -30,6 +30,8 @@ from shoal.core.ring import DEFAULT_VNODES, Ring
 from shoal.core.types import Dataset
 from shoal.errors import InvalidArgument
 from shoal.master import validate
+from shoal.master.jobs import JobManager
+from shoal.master.jobstate import JobState
 from shoal.master.metrics import Snapshot
 from shoal.master.report import build_report
 from shoal.master.state import MasterState
@@ -90,6 +92,9 @@ class MasterService:
             workers=[w.record(now) for w in stored],
         )
         self._dirty: set[str] = set()
+        self.jobs = JobManager(
+            JobState(settings.state_dir), self.get_dataset, self.ring, self.state.set_manifest
+        )
         if stored:
             log.info(
                 "reloaded %d workers (%d live) at ring epoch %d",
@@ -121,6 +126,7 @@ class MasterService:
 
     def delete_dataset(self, name: str) -> None:
         self.state.delete_dataset(name)
+        self.jobs.dataset_deleted(name)
         log.info("dataset %s deleted", name)
 
     # --- workers -------------------------------------------------------------------------
@@ -162,6 +168,7 @@ class MasterService:
         """Expire silent workers and write batched heartbeats; called periodically."""
         self._apply(self.membership.tick(self._clock()))
         self.flush()
+        self.jobs.tick()
 
     def flush(self) -> None:
         """Persist the workers whose heartbeats have not been written yet."""
@@ -229,7 +236,21 @@ class MasterService:
         now = self._clock()
         self._apply(self.membership.tick(now))
         names = [d.name for d in self.state.list_datasets()]
-        return build_report(self.membership.records(), names, now, self.membership.epoch)
+        report = build_report(self.membership.records(), names, now, self.membership.epoch)
+        for d in report["datasets"]:
+            man = self.jobs.manifest(d["name"]) if d["name"] in names else None
+            extra: dict[str, Any] = d  # type: ignore[assignment]
+            if man is not None:
+                total = man.total_bytes
+                extra["store_files"] = len(man)
+                extra["store_bytes"] = total
+                extra["cached_pct"] = (
+                    min(100.0, 100.0 * d["cached_bytes"] / total) if total else 100.0
+                )
+            else:
+                extra["store_files"] = extra["store_bytes"] = None
+                extra["cached_pct"] = None
+        return report
 
     def snapshot(self) -> Snapshot:
         """What a /metrics scrape reads."""
@@ -240,3 +261,4 @@ class MasterService:
     def close(self) -> None:
         self.flush()
         self.state.close()
+        self.jobs.state.close()

@@ -156,6 +156,21 @@ class MasterState:
             _bump(cur, "datasets_generation")
         return new
 
+    def set_manifest(self, name: str, manifest_id: str) -> Dataset:
+        """Point a dataset at a new manifest; its generation goes up by one."""
+        with self._tx() as cur:
+            row = cur.execute("SELECT json FROM datasets WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise DatasetNotFound(f"no dataset named {name!r}")
+            old = Dataset.from_dict(json.loads(row[0]))
+            new = replace(old, manifest=manifest_id, generation=old.generation + 1)
+            cur.execute(
+                "UPDATE datasets SET json = ?, generation = ? WHERE name = ?",
+                (json.dumps(new.to_dict()), new.generation, name),
+            )
+            _bump(cur, "datasets_generation")
+        return new
+
     def delete_dataset(self, name: str) -> None:
         with self._tx() as cur:
             cur.execute("DELETE FROM datasets WHERE name = ?", (name,))

@@ -87,8 +87,9 @@ def apply_policy(base: CachePolicy, changes: Any) -> CachePolicy:
 def parse_dataset(body: Any) -> Dataset:
     """A ``POST /api/v1/datasets`` body -> a new Dataset (generation is the master's)."""
     body = require_object(body, "dataset")
-    # "generation" is accepted (and ignored) so Dataset.to_dict() output can be posted
-    _check_keys(body, {"name", "mounts", "policy", "generation"}, "dataset")
+    # "generation" and "manifest" are accepted (and ignored) so Dataset.to_dict() output
+    # can be posted
+    _check_keys(body, {"name", "mounts", "policy", "generation", "manifest"}, "dataset")
     name = _str(body, "name", "dataset")
     mounts_in = body.get("mounts")
     if not isinstance(mounts_in, list):

@@ -116,6 +116,10 @@ class PageStore(ABC):
         holds without asking under storage (within a "never revalidate" bound)."""
         return {}
 
+    def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
+        """Every cached file version of a dataset at or below a path prefix."""
+        return []
+
     def flush(self) -> None:
         """Persist buffered bookkeeping (index rows, access statistics); call it now and
         then, e.g. from the worker's loop. Default: nothing is buffered."""

@@ -191,6 +191,15 @@ class DiskTier(PageStore):
     def has_file(self, file: FileKey) -> bool:
         return file in self._cat.files
 
+    def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
+        p = prefix.rstrip("/")
+        return [
+            FileKey(ds, path, v)
+            for (ds, path), vs in self._cat.by_path.items()
+            if ds == dataset and (not p or path == p or path.startswith(p + "/"))
+            for v in vs
+        ]
+
     def versions(self, dataset: str, path: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for v in self._cat.by_path.get((dataset, path), ()):

@@ -85,6 +85,12 @@ class TieredStore(PageStore):
     def has_file(self, file: FileKey) -> bool:
         return any(tier.has_file(file) for tier in self.tiers)
 
+    def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
+        return sorted(
+            {fk for tier in self.tiers for fk in tier.files(dataset, prefix)},
+            key=lambda f: (f.path, f.version),
+        )
+
     def versions(self, dataset: str, path: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for tier in self.tiers:

@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shoal.core.manifest import Manifest
 from shoal.core.paging import is_small, page_count, page_len, pages_for_range
 from shoal.core.singleflight import SingleFlight
 from shoal.core.types import NEVER, Dataset, FileInfo, FileKey
-from shoal.errors import StaleVersion
+from shoal.errors import CorruptData, StaleVersion
 from shoal.store.base import Location, PageStore, PutMeta
 from shoal.worker.datasets import DatasetTable
 
@@ -47,12 +48,16 @@ class Loader:
         self.store = store
         self.table = table
         self.clock = clock
-        self._concurrency = concurrency
+        self.concurrency = concurrency
         self._sem: asyncio.Semaphore | None = None
         self._meta: dict[tuple[str, str], tuple[FileInfo, float]] = {}
         self._lists: dict[tuple[str, str], tuple[list[FileInfo], float]] = {}
         self._heads: SingleFlight[tuple[FileInfo, bytes | None]] = SingleFlight()
         self._pages: SingleFlight[Piece] = SingleFlight()
+        #: versions under storage no longer has (the manifest may still name them)
+        self._dead: set[tuple[str, str, str]] = set()
+        #: dataset -> (manifest id, manifest) as the worker last fetched it
+        self.manifests: dict[str, tuple[str, Manifest]] = {}
         self._last_page: dict[tuple[str, str], int] = {}
         self._background: set[asyncio.Task[None]] = set()
         #: under-storage GETs issued (for tests and metrics)
@@ -78,15 +83,20 @@ class Loader:
             self.store.delete(FileKey(ds.name, path, old[0].version))
 
     def forget(self, dataset: str) -> None:
+        self.manifests.pop(dataset, None)
+        self._dead = {d for d in self._dead if d[0] != dataset}
         for cache in (self._meta, self._lists):
             for k in [k for k in cache if k[0] == dataset]:
                 del cache[k]
 
     async def stat(self, dataset: str, path: str) -> FileInfo:
         ds, ufs, rel = self.table.resolve(dataset, path)
-        info = self.cached_info(ds, path)
+        info = self.cached_info(ds, path) or self.manifest_info(ds, path)
         if info is not None:
             return info
+        man = self.manifests.get(ds.name)
+        if man is not None and man[0] == ds.manifest and man[1].is_dir(path):
+            return FileInfo(path, 0, "", 0.0, True)
         info = await ufs.info(rel)
         info = _rebase(info, path)
         if not info.is_dir:
@@ -98,6 +108,11 @@ class Loader:
         hit = self._lists.get((ds.name, path))
         if hit is not None and self._fresh(ds, hit[1]):
             return hit[0]
+        man = self.manifests.get(ds.name)
+        if man is not None and man[0] == ds.manifest and self._fresh(ds, man[1].built_at):
+            listed = man[1].ls(path)
+            if listed or man[1].is_dir(path):
+                return listed
         entries = [_rebase(e, f"{path}/{e.path.rsplit('/', 1)[-1]}") for e in await ufs.ls(rel)]
         self._lists[(ds.name, path)] = (entries, self.clock())
         for e in entries:
@@ -105,16 +120,34 @@ class Loader:
                 self._remember(ds, e.path, e)
         return entries
 
-    async def resolve(self, ds: Dataset, path: str, version: str | None) -> FileInfo:
-        """The file's info at ``version`` (or at whatever is current within the bound).
+    def manifest_info(self, ds: Dataset, path: str) -> FileInfo | None:
+        """The file as the dataset's manifest lists it, if the manifest is within the bound."""
+        man = self.manifests.get(ds.name)
+        if man is None or man[0] != ds.manifest:
+            return None
+        bound = ds.policy.staleness
+        if bound != NEVER and self.clock() - man[1].built_at > bound:
+            return None
+        e = man[1].get(path)
+        if e is None or (ds.name, path, e.version) in self._dead:
+            return None
+        return e.info()
 
-        Cheapest first: metadata within the bound; else versions the store holds (a
-        restarted worker), trusted under "never revalidate" and otherwise revalidated
-        with one metadata request; else one GET that brings info and page 0 together.
+    async def resolve(
+        self, ds: Dataset, path: str, version: str | None
+    ) -> tuple[FileInfo, bytes | None]:
+        """The file's info at ``version`` (or at whatever is current within the bound),
+        plus page 0's bytes when this call had to fetch them to learn the info.
+
+        Cheapest first: metadata within the bound (cache, then manifest); else versions
+        the store holds (a restarted worker), trusted under "never revalidate" and
+        otherwise revalidated with one metadata request; else one GET that brings info
+        and page 0 together.
         """
-        info = self.cached_info(ds, path)
+        info = self.cached_info(ds, path) or self.manifest_info(ds, path)
         if info is not None and (version is None or info.version == version):
-            return info
+            self._meta.setdefault((ds.name, path), (info, self.clock()))
+            return info, None
         held = self.store.versions(ds.name, path)
         if version is not None and version in held:
             candidate: str | None = version
@@ -122,19 +155,20 @@ class Loader:
             candidate = next(iter(held))
         else:
             candidate = None
+        page0: bytes | None = None
         if candidate is not None:
             if ds.policy.staleness == NEVER:
                 info = FileInfo(path, held[candidate], candidate)
                 self._remember(ds, path, info)
-                return info
+                return info, None
             _, ufs, rel = self.table.resolve(ds.name, path)
             info = _rebase(await ufs.info(rel), path)
             self._remember(ds, path, info)
         else:
-            info, _ = await self._head(ds, path)
+            info, page0 = await self._head(ds, path)
         if version is not None and info.version != version:
             raise StaleVersion(f"/{ds.name}/{path} changed in under storage")
-        return info
+        return info, page0
 
     async def _head(self, ds: Dataset, path: str) -> tuple[FileInfo, bytes | None]:
         """Fetch info and page 0 in one request; page 0 goes into the store."""
@@ -158,7 +192,7 @@ class Loader:
 
     def _slot(self) -> asyncio.Semaphore:
         if self._sem is None:
-            self._sem = asyncio.Semaphore(self._concurrency)
+            self._sem = asyncio.Semaphore(self.concurrency)
         return self._sem
 
     def _put_meta(self, ds: Dataset, info: FileInfo) -> PutMeta:
@@ -175,7 +209,7 @@ class Loader:
     ) -> Pages | None:
         """The synchronous fast path: everything already known and cached, or None."""
         ds = self.table.get(dataset)
-        info = self.cached_info(ds, path)
+        info = self.cached_info(ds, path) or self.manifest_info(ds, path)
         if info is None or (version is not None and info.version != version):
             return None
         rng = pages_for_range(info.size, ds.policy.page_size, offset, length)
@@ -192,36 +226,34 @@ class Loader:
         self, dataset: str, path: str, version: str | None, offset: int, length: int
     ) -> Pages:
         ds = self.table.get(dataset)
-        before = self.ufs_gets
-        info = await self.resolve(ds, path, version)
+        info, page0 = await self.resolve(ds, path, version)
         ps = ds.policy.page_size
         rng = pages_for_range(info.size, ps, offset, length)
         fk = FileKey(ds.name, path, info.version)
         pieces: list[Piece | None] = [self.store.locate(fk.page(i)) for i in rng]
-        missing = [i for i, p in zip(rng, pieces, strict=True) if p is None]
         ufs_bytes = 0
+        if page0 is not None and 0 in rng:
+            ufs_bytes += len(page0)
+            if pieces[0] is None:
+                pieces[0] = page0  # the store would not keep it; serve it anyway
+        missing = [i for i, p in zip(rng, pieces, strict=True) if p is None]
         if missing:
             got = await asyncio.gather(*(self._page(ds, info, i) for i in missing))
             for i, piece in zip(missing, got, strict=True):
                 pieces[i - rng.start] = piece
                 ufs_bytes += page_len(info.size, ps, i)
-        elif self.ufs_gets != before:
-            ufs_bytes = min(info.size, ps)  # page 0 came with the head request
         if not is_small(info.size, ps) and rng:
             self._maybe_readahead(ds, info, rng)
         return Pages(info, rng.start, [p for p in pieces if p is not None], ufs_bytes)
 
     async def _page(self, ds: Dataset, info: FileInfo, index: int) -> Piece:
+        """One page of one version: from the store, else one ranged GET (single-flight)."""
         key = FileKey(ds.name, info.path, info.version).page(index)
 
         async def fetch() -> Piece:
             loc = self.store.locate(key)
             if loc is not None:
                 return loc
-            if index == 0:
-                head_info, data = await self._head(ds, info.path)
-                if head_info.version == info.version and data is not None:
-                    return self.store.locate(key) or data
             _, ufs, rel = self.table.resolve(ds.name, info.path)
             ps = ds.policy.page_size
             start = index * ps
@@ -232,13 +264,42 @@ class Loader:
                         rel, start, start + page_len(info.size, ps, index), info.version
                     )
                 except StaleVersion:
-                    # our metadata is stale: forget it so the next read sees the new version
+                    # that version is gone from under storage: it can never be completed,
+                    # so forget it (metadata and pages); the reader retries and sees the new one
                     self._meta.pop((ds.name, info.path), None)
+                    self.store.delete(FileKey(ds.name, info.path, info.version))
+                    self._dead.add((ds.name, info.path, info.version))
                     raise
             self.store.put(key, data, self._put_meta(ds, info))
             return self.store.locate(key) or data
 
         return await self._pages.do(key, fetch)
+
+    async def load(
+        self, dataset: str, path: str, size: int, version: str, verify: bool
+    ) -> tuple[bool, int]:
+        """Preload one file version: (True, bytes fetched), or (False, 0) when every page
+        was already cached (an incremental load skips it)."""
+        ds = self.table.get(dataset)
+        info = FileInfo(path, size, version)
+        fk = FileKey(ds.name, path, version)
+        ps = ds.policy.page_size
+        n = page_count(size, ps)
+        missing = [i for i in range(n) if not self.store.contains(fk.page(i))]
+        if (ds.name, path) not in self._meta or self.cached_info(ds, path) != info:
+            self._remember(ds, path, info)
+        if missing:
+            await asyncio.gather(*(self._page(ds, info, i) for i in missing))
+        if verify:
+            for i in range(n):
+                if self.store.get(fk.page(i)) is None:
+                    raise CorruptData(f"page {i} failed verification after loading")
+        return bool(missing), sum(page_len(size, ps, i) for i in missing)
+
+    def forget_path(self, dataset: str, path: str) -> None:
+        self._meta.pop((dataset, path), None)
+        parent = path.rpartition("/")[0]
+        self._lists.pop((dataset, parent), None)
 
     def _maybe_readahead(self, ds: Dataset, info: FileInfo, rng: range) -> None:
         ahead = ds.policy.readahead

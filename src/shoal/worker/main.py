@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from shoal.config import WorkerSettings
+from shoal.core.manifest import Manifest
 from shoal.core.types import Dataset
 from shoal.errors import InvalidArgument
 from shoal.store.tiered import TieredStore
@@ -27,6 +28,7 @@ from shoal.worker.datasets import DatasetTable
 from shoal.worker.loader import Loader
 from shoal.worker.server import Conn, DataService
 from shoal.worker.stats import Stats
+from shoal.worker.tasks import TaskRunner
 
 log = logging.getLogger("shoal.worker")
 
@@ -75,6 +77,7 @@ class Worker:
         self._http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.registered = asyncio.Event()
+        self.runner: TaskRunner | None = None
         self._last_refresh = 0.0
         self._refresh_task: asyncio.Task[None] | None = None
         self.service.refresh_datasets = self._refresh_on_miss
@@ -102,9 +105,25 @@ class Worker:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         self._tasks.append(loop.create_task(self._heartbeat_loop()))
         self._tasks.append(loop.create_task(self._flush_loop()))
+        self.runner = TaskRunner(
+            s.master,
+            self.id,
+            self._session,
+            self.loader,
+            self.table,
+            self._refresh_on_miss,
+            lambda: self._refresh_datasets(self.table.generation),
+        )
+        self._tasks.append(loop.create_task(self.runner.run()))
         log.info("worker %s serving on %s:%d and %s", self.id, s.host, self.port, self.uds)
 
+    def _session(self) -> aiohttp.ClientSession:
+        assert self._http is not None
+        return self._http
+
     async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.close()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -163,11 +182,26 @@ class Worker:
             self.stats.forget(name)
         for ds in new:
             prev = old.get(ds.name)
-            if prev is None or prev.generation == ds.generation:
-                continue
-            self.loader.forget(ds.name)
-            if prev.policy.page_size != ds.policy.page_size or prev.mounts != ds.mounts:
-                self.store.delete(dataset=ds.name)
+            if prev is not None and prev.generation != ds.generation:
+                # a policy change or a new manifest (sync): cached metadata may be stale
+                self.loader.forget(ds.name)
+                if prev.policy.page_size != ds.policy.page_size or prev.mounts != ds.mounts:
+                    self.store.delete(dataset=ds.name)
+            have = self.loader.manifests.get(ds.name)
+            if ds.manifest and (have is None or have[0] != ds.manifest):
+                await self._fetch_manifest(ds.name)
+
+    async def _fetch_manifest(self, name: str) -> None:
+        assert self._http is not None
+        url = f"{self.settings.master}/api/v1/datasets/{name}/manifest"
+        async with self._http.get(url) as r:
+            if r.status == 404:
+                return
+            r.raise_for_status()
+            raw = await r.read()
+            mid = r.headers.get("X-Shoal-Manifest", "")
+        self.loader.manifests[name] = (mid, Manifest.from_bytes(raw))
+        log.info("manifest %s of %s: %d files", mid, name, len(self.loader.manifests[name][1]))
 
     async def _refresh_on_miss(self) -> bool:
         """A client named a dataset we do not know: ask the master once for all waiters,

@@ -1,0 +1,132 @@
+"""HTTP routes for jobs, schedules, worker task claims and manifests.
+
+Workers long-poll ``GET /api/v1/workers/{id}/tasks?wait=S`` for work and report with
+``POST /api/v1/tasks/{id}`` (JSON, or msgpack for large listing results).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import msgpack
+from aiohttp import web
+
+from shoal.core.jobs import JobSpec
+from shoal.errors import InvalidArgument
+from shoal.master.jobs import JobManager
+
+JOBS = "/api/v1/jobs"
+JOB = "/api/v1/jobs/{id}"
+JOB_STOP = "/api/v1/jobs/{id}/stop"
+JOB_RESUME = "/api/v1/jobs/{id}/resume"
+CLAIM = "/api/v1/workers/{id}/tasks"
+TASK = "/api/v1/tasks/{id}"
+MANIFEST = "/api/v1/datasets/{name}/manifest"
+MSGPACK = "application/msgpack"
+
+_JOBS: web.AppKey[JobManager] = web.AppKey("jobs", JobManager)
+_WAKE: web.AppKey[list[asyncio.Event]] = web.AppKey("wake", list)
+_CLOSING: web.AppKey[list[bool]] = web.AppKey("closing", list)
+
+
+async def _decode(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        if request.content_type == MSGPACK:
+            return msgpack.unpackb(raw, raw=False)
+        return json.loads(raw) if raw.strip() else {}
+    except (ValueError, msgpack.ExtraData) as exc:
+        raise InvalidArgument(f"malformed body: {exc}") from None
+
+
+async def _submit(request: web.Request) -> web.Response:
+    body = await _decode(request)
+    if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+        raise InvalidArgument("job body must be {'spec': {...}, 'schedule': CRON or null}")
+    schedule = body.get("schedule")
+    if schedule is not None and not isinstance(schedule, str):
+        raise InvalidArgument("schedule must be a cron expression string")
+    view = request.app[_JOBS].submit(JobSpec.from_dict(body["spec"]), schedule)
+    return web.json_response(view, status=201)
+
+
+async def _list(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_JOBS].all())
+
+
+async def _get(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_JOBS].get(request.match_info["id"]))
+
+
+async def _stop(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_JOBS].stop(request.match_info["id"]))
+
+
+async def _resume(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_JOBS].resume(request.match_info["id"]))
+
+
+async def _claim(request: web.Request) -> web.Response:
+    jobs = request.app[_JOBS]
+    wid = request.match_info["id"]
+    try:
+        wait = min(30.0, max(0.0, float(request.query.get("wait", "0"))))
+    except ValueError:
+        raise InvalidArgument("wait must be a number of seconds") from None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        event = request.app[_WAKE][0]
+        task = jobs.claim(wid)
+        left = deadline - loop.time()
+        if task is not None or left <= 0 or request.app[_CLOSING][0]:
+            return web.json_response({"task": task})
+        try:
+            await asyncio.wait_for(event.wait(), left)
+        except TimeoutError:
+            pass
+
+
+async def _report(request: web.Request) -> web.Response:
+    try:
+        tid = int(request.match_info["id"])
+    except ValueError:
+        raise InvalidArgument("task id must be a number") from None
+    body = await _decode(request)
+    if not isinstance(body, dict):
+        raise InvalidArgument("task report must be an object")
+    return web.json_response(request.app[_JOBS].report(tid, body))
+
+
+async def _manifest(request: web.Request) -> web.Response:
+    mid, raw = request.app[_JOBS].manifest_bytes(request.match_info["name"])
+    return web.Response(body=raw, content_type=MSGPACK, headers={"X-Shoal-Manifest": mid})
+
+
+def add_job_routes(app: web.Application, jobs: JobManager) -> None:
+    app[_JOBS] = jobs
+    app[_WAKE] = [asyncio.Event()]
+
+    def wake() -> None:
+        events = app[_WAKE]
+        old, events[0] = events[0], asyncio.Event()
+        old.set()
+
+    jobs.on_tasks = wake
+    app[_CLOSING] = [False]
+
+    async def closing(app: web.Application) -> None:
+        app[_CLOSING][0] = True  # long-polls answer now instead of holding up the shutdown
+        wake()
+
+    app.on_shutdown.append(closing)
+    app.router.add_post(JOBS, _submit)
+    app.router.add_get(JOBS, _list)
+    app.router.add_get(JOB, _get)
+    app.router.add_post(JOB_STOP, _stop)
+    app.router.add_post(JOB_RESUME, _resume)
+    app.router.add_get(CLAIM, _claim)
+    app.router.add_post(TASK, _report)
+    app.router.add_get(MANIFEST, _manifest)

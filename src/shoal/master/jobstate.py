@@ -1,0 +1,251 @@
+"""Durable job state: jobs, their tasks and cron schedules in ``<state_dir>/jobs.db``,
+and dataset manifests as files in ``<state_dir>/manifests/``.
+
+Kept apart from ``master.db`` so that a busy load (thousands of task updates) never
+contends with membership writes. Every change commits before the caller answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.core.jobs import JobSpec, Progress
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL, finished REAL NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT '', schedule TEXT NOT NULL DEFAULT '',
+    listed TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, worker TEXT NOT NULL,
+    kind TEXT NOT NULL, items TEXT NOT NULL, state TEXT NOT NULL,
+    progress TEXT NOT NULL DEFAULT '{}', lease REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tasks_job ON tasks(job);
+CREATE INDEX IF NOT EXISTS tasks_claim ON tasks(worker, state);
+CREATE TABLE IF NOT EXISTS schedules (
+    id TEXT PRIMARY KEY, cron TEXT NOT NULL, spec TEXT NOT NULL, enabled INTEGER NOT NULL,
+    next_run REAL NOT NULL, last_job TEXT NOT NULL DEFAULT '', created REAL NOT NULL
+);
+"""
+
+
+@dataclass
+class Job:
+    id: str
+    spec: JobSpec
+    state: str
+    created: float
+    updated: float
+    finished: float = 0.0
+    error: str = ""
+    schedule: str = ""
+    #: files named by --files-from that the listing did not find (path -> reason)
+    listed: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    id: int
+    job: str
+    worker: str
+    kind: str
+    items: list[Any]
+    state: str
+    progress: Progress
+    lease: float = 0.0
+
+
+@dataclass
+class Schedule:
+    id: str
+    cron: str
+    spec: JobSpec
+    enabled: bool
+    next_run: float
+    last_job: str
+    created: float
+
+
+class JobState:
+    def __init__(self, state_dir: str) -> None:
+        os.makedirs(state_dir, exist_ok=True)
+        self.dir = state_dir
+        self.manifest_dir = os.path.join(state_dir, "manifests")
+        os.makedirs(self.manifest_dir, exist_ok=True)
+        self._db = sqlite3.connect(
+            os.path.join(state_dir, "jobs.db"), isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _x(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        return self._db.execute(sql, args)
+
+    # -- jobs -----------------------------------------------------------------------
+
+    def put_job(self, j: Job) -> None:
+        self._x(
+            "INSERT INTO jobs(id, spec, state, created, updated, finished, error, schedule, listed)"
+            " VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
+            " updated=excluded.updated, finished=excluded.finished, error=excluded.error,"
+            " listed=excluded.listed",
+            (
+                j.id,
+                json.dumps(j.spec.to_dict()),
+                j.state,
+                j.created,
+                j.updated,
+                j.finished,
+                j.error,
+                j.schedule,
+                json.dumps(j.listed),
+            ),
+        )
+
+    def jobs(self, where: str = "", args: tuple[Any, ...] = ()) -> list[Job]:
+        rows = self._x(
+            "SELECT id, spec, state, created, updated, finished, error, schedule, listed"
+            f" FROM jobs {where} ORDER BY created",
+            args,
+        ).fetchall()
+        return [
+            Job(
+                r[0],
+                JobSpec.from_dict(json.loads(r[1])),
+                r[2],
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                json.loads(r[8]),
+            )
+            for r in rows
+        ]
+
+    def job(self, job_id: str) -> Job | None:
+        found = self.jobs("WHERE id = ?", (job_id,))
+        return found[0] if found else None
+
+    # -- tasks ----------------------------------------------------------------------
+
+    def add_tasks(self, job: str, kind: str, tasks: list[tuple[str, list[Any]]]) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT INTO tasks(job, worker, kind, items, state) VALUES (?,?,?,?, 'pending')",
+                [(job, w, kind, json.dumps(items)) for w, items in tasks],
+            )
+            self._db.execute("COMMIT")
+
+    def tasks(self, where: str = "", args: tuple[Any, ...] = ()) -> list[Task]:
+        rows = self._x(
+            f"SELECT id, job, worker, kind, items, state, progress, lease FROM tasks {where}", args
+        ).fetchall()
+        return [
+            Task(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                json.loads(r[4]),
+                r[5],
+                Progress.from_dict(json.loads(r[6])),
+                r[7],
+            )
+            for r in rows
+        ]
+
+    def task(self, task_id: int) -> Task | None:
+        found = self.tasks("WHERE id = ?", (task_id,))
+        return found[0] if found else None
+
+    def put_task(self, t: Task) -> None:
+        self._x(
+            "UPDATE tasks SET worker=?, items=?, state=?, progress=?, lease=? WHERE id=?",
+            (
+                t.worker,
+                json.dumps(t.items),
+                t.state,
+                json.dumps(t.progress.to_dict()),
+                t.lease,
+                t.id,
+            ),
+        )
+
+    def counts(self, job: str) -> dict[str, int]:
+        rows = self._x(
+            "SELECT state, count(*) FROM tasks WHERE job = ? GROUP BY state", (job,)
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    # -- schedules ------------------------------------------------------------------
+
+    def put_schedule(self, s: Schedule) -> None:
+        self._x(
+            "INSERT INTO schedules(id, cron, spec, enabled, next_run, last_job, created)"
+            " VALUES (?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET enabled=excluded.enabled,"
+            " next_run=excluded.next_run, last_job=excluded.last_job",
+            (
+                s.id,
+                s.cron,
+                json.dumps(s.spec.to_dict()),
+                int(s.enabled),
+                s.next_run,
+                s.last_job,
+                s.created,
+            ),
+        )
+
+    def schedules(self) -> list[Schedule]:
+        rows = self._x(
+            "SELECT id, cron, spec, enabled, next_run, last_job, created"
+            " FROM schedules ORDER BY created"
+        ).fetchall()
+        return [
+            Schedule(r[0], r[1], JobSpec.from_dict(json.loads(r[2])), bool(r[3]), r[4], r[5], r[6])
+            for r in rows
+        ]
+
+    def delete_schedule(self, sid: str) -> bool:
+        return self._x("DELETE FROM schedules WHERE id = ?", (sid,)).rowcount > 0
+
+    # -- manifests --------------------------------------------------------------------
+
+    def manifest_path(self, dataset: str) -> str:
+        return os.path.join(self.manifest_dir, dataset + ".msgpack")
+
+    def write_manifest(self, dataset: str, raw: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".m-", dir=self.manifest_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            os.replace(tmp, self.manifest_path(dataset))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def read_manifest(self, dataset: str) -> bytes | None:
+        try:
+            with open(self.manifest_path(dataset), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def drop_manifest(self, dataset: str) -> None:
+        try:
+            os.unlink(self.manifest_path(dataset))
+        except FileNotFoundError:
+            pass
