@@ -32,6 +32,18 @@ def bucket() -> str:
     return f"test-{next(_bucket_ids)}"
 
 
+@pytest.fixture(scope="module")
+def module_cluster(
+    tmp_path_factory: pytest.TempPathFactory, s3_credentials: None
+) -> Iterator[TestCluster]:
+    """A master and two workers shared by the tests of one module (read-only tests)."""
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), workers=2)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, s3_credentials: None) -> Iterator[TestCluster]:
     """A master and two workers as real processes on free ports."""

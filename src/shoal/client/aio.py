@@ -303,10 +303,15 @@ class AsyncClient:
             return [FileInfo(f"/{ds.name}/{m.name}", 0, "", 0.0, True) for m in ds.mounts]
         ds.mount(np.mount)
         man = await self.manifest(ds)
-        if man is not None and (man.is_dir(np.key_path) or man.get(np.key_path) is not None):
-            entries = (
-                man.ls(np.key_path) if man.is_dir(np.key_path) else [man.get(np.key_path).info()]
-            )  # type: ignore[union-attr]
+        if man is not None:
+            entry = man.get(np.key_path)
+            if man.is_dir(np.key_path):
+                entries = man.ls(np.key_path)
+            elif entry is not None:
+                entries = [entry.info()]
+            else:
+                entries = None
+        if man is not None and entries is not None:
             return [
                 FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir)
                 for e in entries

@@ -18,7 +18,7 @@ from shoal.core.manifest import Manifest
 from shoal.core.paging import is_small, page_count, page_len, pages_for_range
 from shoal.core.singleflight import SingleFlight
 from shoal.core.types import NEVER, Dataset, FileInfo, FileKey
-from shoal.errors import CorruptData, StaleVersion
+from shoal.errors import CorruptData, IsADirectory, StaleVersion
 from shoal.store.base import Location, PageStore, PutMeta
 from shoal.worker.datasets import DatasetTable
 
@@ -166,6 +166,8 @@ class Loader:
             self._remember(ds, path, info)
         else:
             info, page0 = await self._head(ds, path)
+        if info.is_dir:
+            raise IsADirectory(f"/{ds.name}/{path} is a directory")
         if version is not None and info.version != version:
             raise StaleVersion(f"/{ds.name}/{path} changed in under storage")
         return info, page0

@@ -1,0 +1,485 @@
+"""``shoal://`` for fsspec: a read-only AsyncFileSystem over :class:`AsyncClient`.
+
+Two ways in. ``shoal://<dataset>/<mount>/<path>`` names the unified namespace; the
+chained form ``shoal::s3://bucket/key`` keeps a user's original URL and maps it to the
+dataset whose mount URI is its longest prefix (the master's dataset list, fetched once).
+Whole-file reads of many paths (``cat``) are one batched request per worker; byte
+ranges of files known to be small ride the same batch, the rest are ranged reads.
+Opened files read ahead through fsspec's block caches, and a block already on the
+local worker is a ``pread`` on the caller's thread.
+
+Instances pickle to their constructor arguments (with the master resolved) and
+survive ``fork``: the AsyncClient is bound to one (process, event loop) pair and is
+rebuilt for another, keeping the client cache (metadata, ring, descriptors).
+Writes raise ``PermissionError(EROFS)``: shoal is a cache; write to under storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import logging
+import os
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+import fsspec
+from fsspec.asyn import AsyncFileSystem, get_loop, sync
+from fsspec.implementations.chained import ChainedFileSystem
+from fsspec.spec import AbstractBufferedFile, make_instance
+
+from shoal.client.aio import AsyncClient, read_located
+from shoal.client.cache import ClientCache
+from shoal.config import ClientSettings, master_from_env
+from shoal.core.types import FileInfo, split_path
+from shoal.errors import InvalidArgument, ShoalError
+
+log = logging.getLogger("shoal.fsspec")
+
+#: default block for opened files: fsspec's readahead cache fetches this much at once
+DEFAULT_BLOCK = 4 << 20
+#: a byte range of a file at most this big is served from a batched whole-file read
+SMALL_FILE = 1 << 20
+
+
+def read_only(path: str) -> PermissionError:
+    return PermissionError(
+        errno.EROFS,
+        "shoal is a read-only cache: write to the under storage the dataset mounts "
+        "(the cache picks changes up on its next sync or revalidation)",
+        path,
+    )
+
+
+def to_oserror(exc: ShoalError, path: str) -> OSError:
+    """The most specific builtin OSError for a shoal error, as fsspec callers expect."""
+    if isinstance(exc, OSError):
+        return exc
+    code = errno.ENOENT if exc.code == "outside" else exc.errno  # no such mount: ENOENT
+    kind: type[OSError] = {
+        errno.ENOENT: FileNotFoundError,
+        errno.EACCES: PermissionError,
+        errno.EISDIR: IsADirectoryError,
+    }.get(code, OSError)
+    return kind(code, exc.message, path)
+
+
+def _refuse_async(target: int) -> Any:
+    async def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise read_only(str(args[target]))
+
+    return refuse
+
+
+def _refuse(target: int) -> Any:
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise read_only(str(args[target]))
+
+    return refuse
+
+
+def _strip_uri(uri: str) -> str:
+    return uri.split("://", 1)[-1].strip("/")
+
+
+class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
+    """fsspec filesystem over a shoal cluster.
+
+    ``master``: the master URL (default: ``$SHOAL_MASTER``). ``client_options``:
+    further :class:`~shoal.config.ClientSettings` fields (``short_circuit``,
+    ``request_timeout``, ...). ``target_protocol``/``target_options``/``fo`` are set by
+    fsspec for a chained URL (``shoal::s3://...``); the target's options are not used,
+    since the workers read under storage with their own credentials.
+    """
+
+    protocol: ClassVar[str | tuple[str, ...]] = ("shoal",)
+    root_marker = ""
+    # one instance serves every file of a chained URL, not one per file
+    _strip_tokenize_options = ("fo",)
+
+    def __init__(
+        self,
+        master: str | None = None,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        target_protocol: str | None = None,
+        target_options: Mapping[str, Any] | None = None,
+        fo: str | None = None,
+        asynchronous: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size)
+        opts = dict(client_options or {})
+        known = {f.name for f in dataclasses.fields(ClientSettings)} - {"master"}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise InvalidArgument(
+                f"unknown client option {unknown[0]!r}; known: {', '.join(sorted(known))}"
+            )
+        self.settings = ClientSettings(master=master_from_env(master), **opts)
+        self.target_protocol = target_protocol
+        self.client_cache = ClientCache()
+        self._conn = _Conn()
+        self._prefixes: list[tuple[str, str, str]] | None = None  # (uri prefix, ds, mount)
+        weakref.finalize(self, self._conn.close)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickles (spawned DataLoader workers) must not depend on the environment
+        opts = {**self.storage_options, "master": self.settings.master}
+        return make_instance, (type(self), self.storage_args, opts)
+
+    # -- loop and client per process ----------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        pid: int = self._pid  # type: ignore[has-type]
+        if pid != os.getpid():  # forked: fsspec gave the child a fresh io loop
+            self._pid = os.getpid()
+            if not self.asynchronous:
+                self._loop = get_loop()
+        loop: asyncio.AbstractEventLoop = self._loop
+        return loop
+
+    def client(self) -> AsyncClient:
+        """The AsyncClient for the running loop in this process (made on first use)."""
+        return self._conn.get(self.settings, self.client_cache)
+
+    def close(self) -> None:
+        """Close connections now (they are also closed at interpreter exit)."""
+        self._conn.close()
+
+    # -- paths ----------------------------------------------------------------------
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        p = str(path)
+        if p.startswith("shoal::"):
+            p = p[len("shoal::") :]
+        if "://" in p:
+            p = p.split("://", 1)[1]
+        return p.strip("/")
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        return {}
+
+    async def _ns(self, path: str) -> str:
+        """The namespace path '/<dataset>/<mount>/<rel>' for a path of this filesystem."""
+        p = self._strip_protocol(path)
+        if self.target_protocol is None:
+            return "/" + p
+        for refresh in (False, True):
+            hit = await self._mount_of(p, refresh)
+            if hit is not None:
+                prefix, ds, mount = hit
+                rel = p[len(prefix) :].strip("/")
+                return f"/{ds}/{mount}/{rel}" if rel else f"/{ds}/{mount}"
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"no shoal dataset mounts {self.target_protocol}://{p}: create one with "
+            f"`shoal dataset create NAME --mount NAME={self.target_protocol}://...`",
+            path,
+        )
+
+    async def _mount_of(self, p: str, refresh: bool) -> tuple[str, str, str] | None:
+        if self._prefixes is None or refresh:
+            protos = {self.target_protocol}
+            try:
+                cls_proto = fsspec.get_filesystem_class(self.target_protocol).protocol
+                protos |= {cls_proto} if isinstance(cls_proto, str) else set(cls_proto)
+            except (ValueError, ImportError):
+                pass
+            found = []
+            for ds in await self.client().datasets():
+                for m in ds.mounts:
+                    if m.uri.split("://", 1)[0] in protos:
+                        found.append((_strip_uri(m.uri), ds.name, m.name))
+            self._prefixes = sorted(found, key=lambda t: -len(t[0]))
+        for prefix, name, mount in self._prefixes:
+            if not prefix or p == prefix or p.startswith(prefix + "/"):
+                return prefix, name, mount
+        return None
+
+    def _name(self, ns: str) -> str:
+        """A namespace path back to this filesystem's naming (the original URL's path)."""
+        if self.target_protocol is None:
+            return ns.strip("/")
+        np = split_path(ns)
+        for prefix, ds, mount in self._prefixes or ():
+            if ds == np.dataset and mount == np.mount:
+                return f"{prefix}/{np.rel}".strip("/") if np.rel else prefix
+        return ns.strip("/")
+
+    def _entry(self, info: FileInfo) -> dict[str, Any]:
+        return {
+            "name": self._name(info.path),
+            "size": info.size,
+            "type": "directory" if info.is_dir else "file",
+            "mtime": info.mtime,
+            "version": info.version,
+        }
+
+    # -- metadata -------------------------------------------------------------------
+
+    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        p = self._strip_protocol(path)
+        if p == "" and self.target_protocol is None:
+            return {"name": "", "size": 0, "type": "directory"}
+        ns = await self._ns(p)
+        try:
+            return self._entry(await self.client().stat(ns))
+        except ShoalError as exc:
+            raise to_oserror(exc, path) from exc
+
+    async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        p = self._strip_protocol(path)
+        ns = await self._ns(p) if p or self.target_protocol else "/"
+        aio = self.client()
+        try:
+            entries = await aio.ls(ns)
+        except ShoalError as exc:
+            if exc.errno == errno.ENOENT or exc.code == "outside":
+                raise to_oserror(exc, path) from exc
+            entries = []  # listing a file fails in some stores: ask what it is
+        if not entries and ns.count("/") >= 3:
+            try:
+                info = await aio.stat(ns)
+            except ShoalError as exc:
+                raise to_oserror(exc, path) from exc
+            entries = [] if info.is_dir else [info]
+        out = [self._entry(e) for e in entries]
+        return out if detail else [e["name"] for e in out]
+
+    async def _exists(self, path: str, **kwargs: Any) -> bool:
+        try:
+            await self._info(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    # -- data -----------------------------------------------------------------------
+
+    async def _read(self, path: str, start: int | None, end: int | None) -> bytes:
+        ns = await self._ns(path)
+        aio = self.client()
+        try:
+            if (start is not None and start < 0) or (end is not None and end < 0):
+                size = (await aio.stat(ns)).size
+                start = max(0, size + start) if start is not None and start < 0 else start
+                end = max(0, size + end) if end is not None and end < 0 else end
+            off = start or 0
+            length = -1 if end is None else max(0, end - off)
+            return await aio.read(ns, off, length)
+        except ShoalError as exc:
+            raise to_oserror(exc, path) from exc
+
+    async def _cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        return await self._read(path, start, end)
+
+    async def _cat_many(self, paths: Iterable[str]) -> dict[str, bytes | OSError]:
+        """Whole files by this filesystem's paths: one request per worker."""
+        by_ns = {await self._ns(p): p for p in dict.fromkeys(paths)}
+        got = await self.client().cat_many(list(by_ns))
+        out: dict[str, bytes | OSError] = {}
+        for ns, p in by_ns.items():
+            v = got[ns]
+            out[p] = to_oserror(v, p) if isinstance(v, ShoalError) else v
+        return out
+
+    async def _cat(
+        self,
+        path: Any,
+        recursive: bool = False,
+        on_error: str = "raise",
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        paths = await self._expand_path(path, recursive=recursive)
+        got = await self._cat_many(paths)
+        out = [got[p] for p in paths]
+        if on_error == "raise":
+            ex = next((v for v in out if isinstance(v, BaseException)), None)
+            if ex is not None:
+                raise ex
+        if len(paths) > 1 or isinstance(path, list) or paths[0] != self._strip_protocol(path):
+            return {
+                k: v
+                for k, v in zip(paths, out, strict=True)
+                if on_error != "omit" or not isinstance(v, BaseException)
+            }
+        return out[0]
+
+    async def _cat_ranges(
+        self,
+        paths: list[str],
+        starts: Any,
+        ends: Any,
+        max_gap: int | None = None,
+        batch_size: int | None = None,
+        on_error: str = "return",
+        **kwargs: Any,
+    ) -> list[bytes | BaseException]:
+        if not isinstance(paths, list):
+            raise TypeError("paths must be a list")
+        n = len(paths)
+        starts = list(starts) if isinstance(starts, Iterable) else [starts] * n
+        ends = list(ends) if isinstance(ends, Iterable) else [ends] * n
+        if len(starts) != n or len(ends) != n:
+            raise ValueError("paths, starts and ends must have the same length")
+        # whole files, and ranges of files known to be small, ride one batch
+        whole = [
+            p
+            for p, s, e in zip(paths, starts, ends, strict=True)
+            if (not s and e is None) or ((s or 0) >= 0 and (e or 0) >= 0 and await self._small(p))
+        ]
+        batch = await self._cat_many(whole) if whole else {}
+
+        async def one(p: str, s: int | None, e: int | None) -> bytes | BaseException:
+            if p in batch:
+                v = batch[p]
+                return v if isinstance(v, BaseException) else v[s or 0 : e]
+            try:
+                return await self._read(p, s, e)
+            except OSError as exc:
+                return exc
+
+        out = await asyncio.gather(*(one(*t) for t in zip(paths, starts, ends, strict=True)))
+        if on_error != "return":
+            ex = next((v for v in out if isinstance(v, BaseException)), None)
+            if ex is not None:
+                raise ex
+        return list(out)
+
+    async def _small(self, path: str) -> bool:
+        """True when the file's size is known (no round trip) and at most SMALL_FILE."""
+        np = split_path(await self._ns(path))
+        hit = self.client_cache.datasets.get(np.dataset)
+        info = self.client_cache.info(hit[0], np.key_path) if hit is not None and np.rel else None
+        return info is not None and info.size <= SMALL_FILE
+
+    async def _get_file(self, rpath: str, lpath: str, **kwargs: Any) -> None:
+        info = await self._info(rpath)
+        if info["type"] == "directory":
+            os.makedirs(lpath, exist_ok=True)
+            return
+        with open(lpath, "wb") as f:
+            pos = 0
+            while True:
+                chunk = await self._read(rpath, pos, pos + DEFAULT_BLOCK)
+                f.write(chunk)
+                pos += len(chunk)
+                if len(chunk) < DEFAULT_BLOCK or pos >= info["size"]:
+                    break
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> ShoalFile:
+        if mode != "rb":
+            raise read_only(path)
+        return ShoalFile(
+            self,
+            path,
+            mode,
+            block_size=block_size or DEFAULT_BLOCK,
+            cache_type=kwargs.get("cache_type", "readahead"),
+            cache_options=cache_options,
+            size=kwargs.get("size"),
+        )
+
+    # -- writes: refused (the sync forms are derived from these) ----------------------
+
+    _pipe_file = _rm_file = _rm = _mkdir = _makedirs = _refuse_async(0)
+    _put_file = _cp_file = _refuse_async(1)
+    rmdir = touch = _refuse(0)
+    mv = _refuse(1)
+
+    def created(self, path: str) -> Any:
+        raise NotImplementedError("shoal does not know creation times; see modified()")
+
+    def modified(self, path: str) -> Any:
+        import datetime
+
+        return datetime.datetime.fromtimestamp(self.info(path)["mtime"], datetime.UTC)
+
+
+class ShoalFile(AbstractBufferedFile):
+    """A read-only file; fsspec's cache (readahead by default) sits over ``_fetch_range``."""
+
+    fs: ShoalFileSystem
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        fs = self.fs
+        data = _read_here(fs, self.path, start, end - start)
+        if data is not None:
+            return data
+        data = sync(fs.loop, fs._read, self.path, start, end)
+        return bytes(data)
+
+
+def _read_here(fs: ShoalFileSystem, path: str, offset: int, length: int) -> bytes | None:
+    """A read from pages already located on the local worker, on the caller's thread."""
+    if fs.target_protocol is not None:
+        return None
+    try:
+        np = split_path("/" + fs._strip_protocol(path))
+    except ShoalError:
+        return None
+    hit = fs.client_cache.datasets.get(np.dataset)
+    if hit is None or not np.rel:
+        return None
+    return read_located(fs.client_cache, hit[0], np.key_path, offset, length)
+
+
+class _Conn:
+    """The AsyncClient of one (process, event loop); apart from the filesystem so a
+    finalizer can close it without keeping the filesystem alive."""
+
+    def __init__(self) -> None:
+        self.aio: AsyncClient | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pid = os.getpid()
+
+    def get(self, settings: ClientSettings, cache: ClientCache) -> AsyncClient:
+        running = asyncio.get_running_loop()
+        aio = self.aio
+        if aio is not None and self.loop is running and self.pid == os.getpid():
+            return aio
+        if aio is not None:
+            aio.abandon()  # bound to another loop or a parent process: drop, don't await
+        self.aio = aio = AsyncClient(settings, cache)
+        self.loop, self.pid = running, os.getpid()
+        return aio
+
+    def close(self) -> None:
+        aio, loop, self.aio = self.aio, self.loop, None
+        if aio is None or loop is None or self.pid != os.getpid():
+            return
+        try:
+            if not loop.is_running():
+                aio.abandon()
+            elif _running_loop() is loop:  # collected on the loop's own thread: can't wait
+                loop.create_task(aio.close())
+            else:
+                asyncio.run_coroutine_threadsafe(aio.close(), loop).result(timeout=10)
+        except Exception as exc:  # closing is best effort (interpreter exit, dead loop)
+            log.debug("closing the shoal client failed: %s", exc)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
