@@ -8,7 +8,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEBS := procps
 
-.PHONY: setup debs demo test lint unit integration bench clean
+BENCH_DEBS := ceph ceph-mon ceph-osd ceph-mgr radosgw rclone s3fs fuse3 iproute2
+
+.PHONY: setup debs demo test lint unit integration bench bench-quick clean
 
 setup: debs $(STAMP)
 
@@ -39,6 +41,20 @@ unit: setup
 
 demo: setup
 	$(BIN)/python -m shoal.demo
+
+bench-setup: setup
+	@missing=""; for p in $(BENCH_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	$(BIN)/pip install -q -e '.[dev,bench]'
+
+bench-quick: bench-setup
+	$(BIN)/shoal bench --quick
+
+bench: bench-setup
+	$(BIN)/shoal bench
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

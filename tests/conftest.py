@@ -46,8 +46,9 @@ def module_cluster(
 
 @pytest.fixture
 def cluster(tmp_path: Path, s3_credentials: None) -> Iterator[TestCluster]:
-    """A master and two workers as real processes on free ports."""
-    c = start_cluster(tmp_path / "cluster", workers=2)
+    """A master and two workers as real processes on free ports, each with a memory
+    tier (/dev/shm) above its disk tier, so the tiered store is exercised end to end."""
+    c = start_cluster(tmp_path / "cluster", workers=2, mem="128MiB")
     try:
         yield c
     finally:

@@ -19,7 +19,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--dir", type=Path, default=None, help="cluster directory (default ~/.shoal/cluster)"
     )
-    p.add_argument("--mem", default="256MiB", help="memory tier per worker (0 for none)")
+    p.add_argument(
+        "--mem",
+        default="0",
+        help="memory tier (/dev/shm) per worker, e.g. 1GiB (default: none; the "
+        "disk tier's page cache is faster here, see README)",
+    )
     p.add_argument("--disk", default="4GiB", help="disk tier per worker")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind")
     add_json(p)

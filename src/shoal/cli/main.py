@@ -19,7 +19,7 @@ Handler = Callable[[argparse.Namespace], int | None]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from shoal.cli import cluster, dataset, fs, jobs, report
+    from shoal.cli import bench, cluster, dataset, fs, jobs, mount, report
 
     p = argparse.ArgumentParser(
         prog="shoal", description="A distributed dataset cache for AI training."
@@ -29,8 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     cluster.register(sub)
     dataset.register(sub)
     fs.register(sub)
+    mount.register(sub)
     jobs.register(sub)
     report.register(sub)
+    bench.register(sub)
     return p
 
 
@@ -39,6 +41,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from shoal.cli.bench import run_bench
+
+        run_bench(argv[1:])  # hands the process over to the suite
     parser = _parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler

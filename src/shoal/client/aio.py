@@ -467,9 +467,10 @@ class AsyncClient:
         c.bytes_ufs += len(data)
         return data
 
-    async def open_local(self, path: str) -> tuple[int, FileInfo] | None:
+    async def open_local(self, path: str, load: bool = True) -> tuple[int, FileInfo] | None:
         """A new descriptor holding the whole file at offset 0, when a worker on this
         host has every page of it in one data file (a complete large file); else None.
+        With ``load=False`` the worker answers from its cache only and never fetches.
         The caller owns (and closes) the descriptor. For FUSE passthrough and mmap."""
         ds, np = await self._resolve(path)
         if not np.rel:
@@ -479,11 +480,14 @@ class AsyncClient:
             if not self.is_local(w):
                 continue
             try:
-                resp = await self._call(w, Op.LOCATE, [ds.name, np.key_path, None, 0, -1], True)
+                args = [ds.name, np.key_path, None, 0, -1, not load]
+                resp = await self._call(w, Op.LOCATE, args, True)
             except Unavailable as exc:
                 self._mark_suspect(w, exc)
                 continue
             m = resp.meta
+            if m.get("miss"):
+                return None
             info = FileInfo(str(np), m["size"], m["v"], m.get("mt", 0.0))
             self.cache.remember(ds.name, FileInfo(np.key_path, m["size"], m["v"], m.get("mt", 0.0)))
             pages = m["pages"]

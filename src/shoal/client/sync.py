@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from shoal.client.aio import AsyncClient, read_located
 from shoal.client.cache import ClientCache
 from shoal.config import ClientSettings, master_from_env
-from shoal.core.types import Dataset, FileInfo, Mount, split_path
+from shoal.core.types import Dataset, FileInfo, Mount
 from shoal.errors import ShoalError
 
 T = TypeVar("T")
@@ -104,14 +104,14 @@ class Client:
     def _fast(self, path: str, offset: int, length: int) -> bytes | None:
         if self._pid != os.getpid():
             self._after_fork()
-        try:
-            np = split_path(path)
-        except ShoalError:
+        # no validation here: only exact, already-normalised keys can hit the caches, and
+        # anything else (odd paths, errors) is left to the slow path to judge
+        p = path[8:] if path.startswith("shoal://") else path
+        name, _, key = p.lstrip("/").partition("/")
+        hit = self.cache.datasets.get(name)
+        if hit is None or "/" not in key:
             return None
-        hit = self.cache.datasets.get(np.dataset)
-        if hit is None or not np.rel:
-            return None
-        return read_located(self.cache, hit[0], np.key_path, offset, length)
+        return read_located(self.cache, hit[0], key, offset, length)
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
         data = self._fast(path, offset, length)
@@ -131,9 +131,9 @@ class Client:
     def ls(self, path: str) -> list[FileInfo]:
         return self._run(self._aio.ls(path))
 
-    def open_local(self, path: str) -> tuple[int, FileInfo] | None:
+    def open_local(self, path: str, load: bool = True) -> tuple[int, FileInfo] | None:
         """See AsyncClient.open_local: a descriptor of the whole file on a local worker."""
-        return self._run(self._aio.open_local(path))
+        return self._run(self._aio.open_local(path, load))
 
     def flush(self) -> None:
         """Report short-circuit hits to their workers now."""

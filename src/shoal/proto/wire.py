@@ -30,7 +30,8 @@ READ       [dataset, path, offset, length, version]    {v, size, first, pages: [
                                                        (the whole pages covering the range)
 BATCH      [dataset, [path, ...]]                      {items: [[path, code, v, size, ck]...]}
                                                        (the small files, concatenated)
-LOCATE     [dataset, path, version, offset, length]    {v, size, first, pages:
+LOCATE     [dataset, path, version, offset, length,    {v, size, first, pages:
+           cached_only]
                                                        [[fd_slot, offset, len, ck]...],
                                                        fds: [[dev, ino], ...]} + SCM_RIGHTS
 TOUCH      [dataset, [[path, v, pages, bytes]...]]     {} (hits served by short circuit)

@@ -109,6 +109,8 @@ class DataService:
             pages = await self.loader.read(args[0], args[1], args[4], args[2], args[3])
             return self._read_reply(args[0], pages, local)
         if op == Op.LOCATE:
+            if len(args) > 5 and args[5]:  # cached only: never fetch, say it is a miss
+                return Reply({"miss": True})
             pages = await self.loader.read(args[0], args[1], args[2], args[3], args[4])
             return self._locate_reply(args[0], pages)
         if op == Op.BATCH:

@@ -1,0 +1,81 @@
+"""``shoal bench``: shoal against the tools users would pick instead, and against the
+physical limit, on this machine. Needs root (network namespace, tc, drop_caches,
+FUSE); writes BENCHMARKS.md and docs/benchmarks/*.png unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small data on moto: under 5 minutes")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--store", choices=("rgw", "moto"), help="default: moto with --quick, else rgw")
+    p.add_argument("--workdir", type=Path, default=Path("/var/tmp/shoal-bench"))
+    p.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"), help="report file")
+    p.add_argument("--charts", type=Path, default=Path("docs/benchmarks"), help="PNG folder")
+    p.add_argument("--no-report", action="store_true", help="write no files")
+    p.add_argument("--contender", action="append", default=[], help="only these (repeat)")
+    p.add_argument("--workload", action="append", default=[],
+                   help="only these: small, mix, large, meta, train (repeat)")  # fmt: skip
+    p.add_argument("--procs", type=int, help="N reader processes")
+    p.add_argument("--small-files", type=int)
+    p.add_argument("--mix-files", type=int)
+    p.add_argument("--large-mib", type=int)
+    p.add_argument("--rate-mbit", type=float)
+    p.add_argument("--delay-ms", type=float)
+    p.add_argument("--warm-reps", type=int)
+    p.add_argument("--cold-reps", type=int)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from shoal.bench import report
+    from shoal.bench.contenders import REGISTRY
+    from shoal.bench.suite import Config, Suite
+
+    if os.geteuid() != 0:
+        print("shoal bench: needs root (network namespace, tc, drop_caches, FUSE)", file=sys.stderr)
+        return 2
+    unknown = [c for c in args.contender if c not in REGISTRY]
+    if unknown:
+        print(f"shoal bench: unknown contender {unknown[0]}; known: {', '.join(REGISTRY)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    kw: dict[str, Any] = {"workdir": args.workdir, "contenders": args.contender,
+                          "workloads": args.workload}  # fmt: skip
+    for name, attr in (("store", "store"), ("procs", "procs"), ("small_files", "small_files"),
+                       ("mix_files", "mix_files"), ("rate_mbit", "rate_mbit"),
+                       ("delay_ms", "delay_ms"), ("warm_reps", "warm_reps"),
+                       ("cold_reps", "cold_reps")):  # fmt: skip
+        v = getattr(args, name)
+        if v is not None:
+            kw[attr] = v
+    if args.large_mib is not None:
+        kw["large_size"] = args.large_mib << 20
+    cfg = Config.make(args.quick, **kw)
+    say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else (
+        lambda s: print(s, flush=True))  # fmt: skip
+    rep = Suite(cfg, say).run()
+    if not args.no_report:
+        report.write(rep, args.output, args.charts)
+        say(f"wrote {args.output} and charts in {args.charts}")
+    if args.json:
+        json.dump(report.to_json(rep), sys.stdout, separators=(",", ":"), default=str)
+        sys.stdout.write("\n")
+    else:
+        for t in report.ratios(rep)["targets"]:
+            met = "n/a" if t["met"] is None else ("MET" if t["met"] else "MISSED")
+            r = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
+            print(f"{met:6} {r:>6} (goal {t['goal']}) {t['target']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="shoal bench", description=__doc__)
+    _args(p)
+    return cmd_bench(p.parse_args(argv))

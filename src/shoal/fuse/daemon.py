@@ -1,0 +1,267 @@
+"""The request loop: one asyncio (uvloop) thread reads /dev/fuse, non-blocking, into
+one reused buffer, and dispatches each request to the file system's handler.
+
+Handlers answer synchronously whenever the client already holds what they need, so a
+warm request costs one read(2), one handler call and one writev(2); only requests that
+need a worker become tasks on the same loop, which also runs the client. One thread
+keeps the inode table free of locks; the GIL would serialise handlers anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from collections.abc import Coroutine
+from types import CoroutineType
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shoal.fuse import protocol as p
+from shoal.fuse.nodes import Reply, errno_of
+from shoal.fuse.ops import FileSystem
+
+log = logging.getLogger("shoal.fuse.daemon")
+
+#: seconds a request that needs a worker may take before it fails with EIO
+OP_TIMEOUT = 60.0
+#: largest READ the kernel sends (pages per request * 4 KiB)
+MAX_PAGES = 256
+MAX_READ = MAX_PAGES * 4096
+#: writes never happen (read-only), but the kernel sizes its buffer check on max_write
+MAX_WRITE = 128 * 1024
+BUF_SIZE = MAX_WRITE + 4096
+
+
+class Daemon:
+    def __init__(self, devfd: int, fs: FileSystem, passthrough: bool = True) -> None:
+        self.fd = devfd
+        self.fs = fs
+        self.want_passthrough = passthrough
+        self.passthrough = False
+        self.handlers = fs.handlers()
+        self.counts = [0] * 64
+        self.errors: dict[int, int] = {}
+        self.init: p.InitOut | None = None
+        self._buf = bytearray(BUF_SIZE)
+        self._view = memoryview(self._buf)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.done: asyncio.Future[None] | None = None
+
+    # -- INIT -----------------------------------------------------------------------
+
+    def negotiate(self, kin: p.InitIn) -> p.InitOut:
+        """What we ask of the kernel, given what it offers."""
+        want = (
+            p.ASYNC_READ
+            | p.BIG_WRITES
+            | p.AUTO_INVAL_DATA
+            | p.DO_READDIRPLUS
+            | p.PARALLEL_DIROPS
+            | p.ASYNC_DIO
+            | p.MAX_PAGES
+            | p.INIT_EXT
+        )
+        if self.want_passthrough:
+            want |= p.PASSTHROUGH
+        flags = want & kin.flags
+        return p.InitOut(
+            minor=min(kin.minor, p.KERNEL_MINOR),
+            max_readahead=kin.max_readahead,
+            flags=flags,
+            max_background=64,
+            congestion_threshold=48,
+            max_write=MAX_WRITE,
+            max_pages=MAX_PAGES,
+            max_stack_depth=p.MAX_STACK_DEPTH if flags & p.PASSTHROUGH else 0,
+        )
+
+    def handshake(self) -> p.InitOut:
+        """Answer the kernel's INIT (blocking; the first request after mount(2))."""
+        while True:
+            n = os.readv(self.fd, [self._buf])
+            h = p.parse_header(self._view[:n])
+            body = self._view[p.IN_HEADER.size : n]
+            if h.opcode != p.Op.INIT:
+                self._send(h.unique, None, errno.EIO)
+                continue
+            kin = p.parse_init(body)
+            if kin.major != p.KERNEL_MAJOR or kin.minor < 31:
+                self._send(h.unique, None, errno.EPROTO)
+                raise OSError(errno.EPROTO, f"kernel FUSE {kin.major}.{kin.minor} is too old")
+            out = self.negotiate(kin)
+            self._send(h.unique, p.encode_init(out))
+            self.init = out
+            self.passthrough = bool(out.flags & p.PASSTHROUGH)
+            log.info(
+                "FUSE %d.%d: passthrough %s, max_readahead %d",
+                kin.major,
+                out.minor,
+                "on" if self.passthrough else "off",
+                out.max_readahead,
+            )
+            return out
+
+    # -- the loop -------------------------------------------------------------------
+
+    def _send(self, unique: int, reply: Reply, error: int = 0) -> None:
+        try:
+            if error:
+                os.write(self.fd, p.reply_header(unique, 0, error))
+            elif reply is None:
+                return
+            elif isinstance(reply, list):
+                size = sum(len(b) for b in reply)
+                os.writev(self.fd, [p.reply_header(unique, size), *reply])
+            else:
+                os.writev(self.fd, [p.reply_header(unique, len(reply)), reply])
+        except OSError as exc:
+            # ENOENT: the request was interrupted and is gone; ENODEV: unmounted
+            if exc.errno in (errno.ENOENT, errno.ENODEV):
+                return
+            log.error("reply to request %d failed: %s", unique, exc)
+            if not error:  # the kernel refused the reply: never leave the caller waiting
+                self._send(unique, None, errno.EIO)
+
+    def _fail(self, unique: int, opcode: int, exc: BaseException) -> None:
+        code = errno_of(exc)
+        self.errors[code] = self.errors.get(code, 0) + 1
+        if code == errno.EIO:
+            log.warning("%s failed: %s", _opname(opcode), exc)
+        self._send(unique, None, code)
+
+    def on_readable(self) -> None:
+        fd, buf, view = self.fd, self._buf, self._view
+        unpack = p.IN_HEADER.unpack_from
+        handlers, counts = self.handlers, self.counts
+        while True:
+            try:
+                n = os.readv(fd, [buf])
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EINTR, errno.ENOENT):
+                    continue
+                self._stop(exc)
+                return
+            _len, opcode, unique, nodeid = unpack(buf)[:4]
+            counts[opcode & 63] += 1
+            handler = handlers.get(opcode)
+            if handler is None:
+                if opcode == p.Op.DESTROY:
+                    self._send(unique, b"")
+                    self._stop(None)
+                    return
+                self._send(unique, None, errno.ENOSYS)
+                continue
+            try:
+                res = handler(nodeid, view[p.IN_HEADER.size : n])
+            except Exception as exc:
+                self._fail(unique, opcode, exc)
+                continue
+            if type(res) is CoroutineType:
+                task = asyncio.get_running_loop().create_task(self._finish(unique, opcode, res))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif res is not None:
+                self._send(unique, res)  # type: ignore[arg-type]
+
+    async def _finish(self, unique: int, opcode: int, coro: Coroutine[Any, Any, Reply]) -> None:
+        try:
+            reply = await asyncio.wait_for(coro, OP_TIMEOUT)
+        except Exception as exc:
+            self._fail(unique, opcode, exc)
+        else:
+            self._send(unique, reply)
+
+    def _stop(self, exc: BaseException | None) -> None:
+        if exc is not None and getattr(exc, "errno", None) != errno.ENODEV:
+            log.error("reading /dev/fuse failed: %s", exc)
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    async def serve(self) -> None:
+        """Serve until the file system is unmounted (or :meth:`stop`)."""
+        loop = asyncio.get_running_loop()
+        self.done = loop.create_future()
+        os.set_blocking(self.fd, False)
+        loop.add_reader(self.fd, self.on_readable)
+        try:
+            self.on_readable()  # anything queued before the reader was added
+            await self.done
+        finally:
+            loop.remove_reader(self.fd)
+            for t in list(self._tasks):
+                t.cancel()
+
+    def stop(self) -> None:
+        self._stop(None)
+
+    def request_counts(self) -> dict[str, int]:
+        return {_opname(i): c for i, c in enumerate(self.counts) if c}
+
+
+def _opname(opcode: int) -> str:
+    try:
+        return p.Op(opcode).name
+    except ValueError:
+        return str(opcode)
+
+
+class Metrics(Collector):
+    """Prometheus view of one mount's counters, read at scrape time (the hot path only
+    bumps plain ints)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+
+    def collect(self) -> Any:
+        d, s = self.d, self.d.fs.stats
+        req = CounterMetricFamily(
+            "shoal_fuse_requests", "FUSE requests by operation", labels=["op"]
+        )
+        for name, c in d.request_counts().items():
+            req.add_metric([name], c)
+        yield req
+        err = CounterMetricFamily(
+            "shoal_fuse_errors", "FUSE error replies by errno", labels=["errno"]
+        )
+        for code, c in d.errors.items():
+            err.add_metric([errno.errorcode.get(code, str(code))], c)
+        yield err
+        yield CounterMetricFamily(
+            "shoal_fuse_read_bytes", "bytes served by READ", value=s.read_bytes
+        )
+        opens = CounterMetricFamily("shoal_fuse_opens", "file opens by mode", labels=["mode"])
+        opens.add_metric(["passthrough"], s.passthrough_opens)
+        opens.add_metric(["cached"], s.cached_opens)
+        yield opens
+        yield CounterMetricFamily(
+            "shoal_fuse_client_calls", "requests that needed the client", value=s.client_calls
+        )
+        yield GaugeMetricFamily(
+            "shoal_fuse_backing_files", "passthrough backing files", value=s.backing_files
+        )
+        yield GaugeMetricFamily(
+            "shoal_fuse_inodes", "inodes known to the kernel", value=len(d.fs.nodes)
+        )
+        yield GaugeMetricFamily(
+            "shoal_fuse_passthrough",
+            "1 if the kernel granted passthrough",
+            value=int(d.passthrough),
+        )
+        src = CounterMetricFamily(
+            "shoal_fuse_client_reads", "client reads by source", labels=["source"]
+        )
+        cc = d.fs.cache.counters
+        for name, v in (
+            ("short_circuit", cc.short_circuit),
+            ("local", cc.local),
+            ("remote", cc.remote),
+            ("ufs", cc.ufs_fallback),
+        ):
+            src.add_metric([name], v)
+        yield src

@@ -1,0 +1,72 @@
+"""The inode table's entries, the mount's counters, the reply types of handlers and the
+one errno table for the mount."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.errors import IsADirectory, NotFound, PermissionDenied, ShoalError, UserError
+
+Reply = bytes | memoryview | list[bytes | memoryview] | None
+Result = Reply | Coroutine[Any, Any, Reply]
+Handler = Callable[[int, memoryview], Result]
+
+#: seconds the kernel may trust entries and attributes of a "never revalidate" dataset
+FOREVER = 365 * 86400.0
+#: entries at the top level (datasets come and go through the master)
+TOP_TTL = 5.0
+BLKSIZE = 1 << 20
+#: seconds an open waits for the local worker to hold a large file whole (passthrough)
+PASSTHROUGH_WAIT = 3.0
+
+
+def errno_of(exc: BaseException) -> int:
+    """The errno a FUSE reply carries for an exception (one table for the mount)."""
+    if isinstance(exc, NotFound | FileNotFoundError):
+        return errno.ENOENT
+    if isinstance(exc, PermissionDenied | PermissionError):
+        return errno.EACCES
+    if isinstance(exc, IsADirectory):
+        return errno.EISDIR
+    if isinstance(exc, UserError):
+        return errno.EACCES if exc.errno == errno.EACCES else errno.ENOENT
+    if isinstance(exc, ShoalError):
+        return errno.EIO  # unreachable, store failures, corrupt, stale: after retries
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    ino: int
+    path: str  # namespace path: "/", "/ds", "/ds/mount", "/ds/mount/rel"
+    ds: str  # dataset name ("" for the root)
+    key: str  # "<mount>/<rel>" inside the dataset ("" above mounts)
+    is_dir: bool
+    size: int = 0
+    mtime: float = 0.0
+    version: str = ""
+    at: float = 0.0  # monotonic time the attributes were fetched
+    nlookup: int = 0
+    opens: int = 0
+    passthrough_opens: int = 0
+    backing: int = 0  # passthrough backing id, 0 = none
+    kept_version: str = ""  # version whose pages the kernel may keep cached
+    chunk_at: int = 0  # start offset of the last window read of a large file
+    chunk: bytes = b""
+    attr: tuple[int, ...] = ()
+
+
+@dataclass
+class Stats:
+    reads: int = 0
+    read_bytes: int = 0
+    passthrough_opens: int = 0
+    cached_opens: int = 0
+    backing_files: int = 0
+    client_calls: int = 0
+    errors: dict[int, int] = field(default_factory=dict)

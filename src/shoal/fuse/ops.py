@@ -1,0 +1,468 @@
+"""The file system behind the mount: an inode table over the client's namespace
+/<dataset>/<mount>/<path> and one handler per FUSE operation.
+
+A handler takes (nodeid, body) and returns the reply body, ``None`` for no reply, or a
+coroutine when it needs the client. Whatever the client already holds (metadata within
+the staleness bound, page locations on a local worker) is answered synchronously, with
+no task and no round trip: warm lookups, getattr, opens and reads of cached pages.
+Large files complete on the local worker are opened in kernel passthrough, so their
+reads never reach this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from shoal.client.aio import AsyncClient, read_located
+from shoal.core.types import NEVER, Dataset, FileInfo
+from shoal.errors import NotFound, UserError
+from shoal.fuse import protocol as p
+from shoal.fuse.nodes import (
+    BLKSIZE,
+    FOREVER,
+    PASSTHROUGH_WAIT,
+    TOP_TTL,
+    Handler,
+    Node,
+    Reply,
+    Result,
+    Stats,
+)
+
+log = logging.getLogger("shoal.fuse.ops")
+
+
+class FileSystem:
+    """Handlers for one mount. ``backing_open``/``backing_close`` are the passthrough
+    ioctls (None when the kernel did not grant passthrough)."""
+
+    def __init__(
+        self, client: AsyncClient, datasets: list[str] | None = None, kernel_open: bool = False
+    ) -> None:
+        self.client = client
+        #: answer OPEN with ENOSYS: no daemon round trip per open, no passthrough
+        self.kernel_open = kernel_open
+        self.cache = client.cache
+        self.only = set(datasets) if datasets else None
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.started = time.time()
+        self.nodes: dict[int, Node] = {}
+        self.by_path: dict[str, Node] = {}
+        self._next_ino = 2
+        self._dirs: dict[int, list[FileInfo] | None] = {}
+        self._next_fh = 1
+        self.backing_open: Callable[[int], int] | None = None
+        self.backing_close: Callable[[int], None] | None = None
+        self.stats = Stats()
+        root = Node(p.ROOT_ID, "/", "", "", True, mtime=self.started, nlookup=1 << 62)
+        root.attr = self._attr(root)
+        self.nodes[root.ino] = root
+        self.by_path["/"] = root
+
+    # -- inode table ----------------------------------------------------------------
+
+    def _attr(self, n: Node) -> tuple[int, ...]:
+        nlink = 2 if n.is_dir else 1
+        mtime = n.mtime or self.started
+        return p.attr_values(
+            n.ino, n.size, mtime, p.file_mode(n.is_dir), nlink, self.uid, self.gid, BLKSIZE
+        )
+
+    def _dataset(self, name: str) -> Dataset | None:
+        hit = self.cache.datasets.get(name)
+        return hit[0] if hit is not None else None
+
+    def ttl(self, n: Node) -> float:
+        """Seconds the kernel may trust this entry and its attributes."""
+        if n.key == "" and n.ds == "":
+            return TOP_TTL
+        ds = self._dataset(n.ds)
+        if ds is None:
+            return TOP_TTL
+        s = ds.policy.staleness
+        return FOREVER if s == NEVER else s
+
+    def _fresh(self, n: Node) -> bool:
+        if not n.key or "/" not in n.key:
+            return True  # datasets and mounts: synthetic directories
+        ttl = self.ttl(n)
+        return ttl >= FOREVER or time.monotonic() - n.at <= ttl
+
+    def _child(self, parent: Node, name: str, info: FileInfo | None) -> Node:
+        path = parent.path.rstrip("/") + "/" + name
+        n = self.by_path.get(path)
+        if n is None:
+            if parent.ino == p.ROOT_ID:
+                ds, key = name, ""
+            else:
+                ds, key = parent.ds, (parent.key + "/" + name if parent.key else name)
+            n = Node(self._next_ino, path, ds, key, True, mtime=self.started)
+            self._next_ino += 1
+            self.nodes[n.ino] = n
+            self.by_path[path] = n
+        if info is not None:
+            n.is_dir, n.size, n.mtime = info.is_dir, info.size, info.mtime
+            if info.version != n.version:
+                n.version = info.version
+                n.chunk = b""
+        n.at = time.monotonic()
+        n.attr = self._attr(n)
+        return n
+
+    def _entry(self, n: Node) -> bytes:
+        n.nlookup += 1
+        t = self.ttl(n)
+        return p.encode_entry(n.ino, t, t, n.attr)
+
+    def _node(self, nodeid: int) -> Node:
+        n = self.nodes.get(nodeid)
+        if n is None:
+            raise OSError(errno.ESTALE, "unknown inode")
+        return n
+
+    def forget(self, nodeid: int, nlookup: int) -> None:
+        n = self.nodes.get(nodeid)
+        if n is None or n.ino == p.ROOT_ID:
+            return
+        n.nlookup -= nlookup
+        if n.nlookup <= 0 and n.opens == 0:
+            del self.nodes[nodeid]
+            if self.by_path.get(n.path) is n:
+                del self.by_path[n.path]
+
+    # -- metadata -------------------------------------------------------------------
+
+    def op_lookup(self, nodeid: int, body: memoryview) -> Result:
+        parent = self._node(nodeid)
+        name = p.parse_name(body).decode("utf-8", "surrogateescape")
+        n = self.by_path.get(parent.path.rstrip("/") + "/" + name)
+        if n is not None and self._fresh(n):
+            return self._entry(n)
+        if parent.key:  # inside a mount: the client may hold the metadata already
+            ds = self._dataset(parent.ds)
+            info = self.cache.info(ds, parent.key + "/" + name) if ds is not None else None
+            if info is not None:
+                return self._entry(self._child(parent, name, info))
+        return self._lookup(parent, name)
+
+    async def _lookup(self, parent: Node, name: str) -> Reply:
+        self.stats.client_calls += 1
+        info: FileInfo | None = None
+        try:
+            if parent.ino == p.ROOT_ID:
+                if self.only is not None and name not in self.only:
+                    raise NotFound(name)
+                await self.client.dataset(name)
+            elif not parent.key:
+                ds = await self.client.dataset(parent.ds)
+                ds.mount(name)
+            else:
+                info = await self.client.stat(parent.path + "/" + name)
+        except (NotFound, UserError):
+            # a negative entry: the kernel remembers the miss as long as it would a hit
+            ttl = TOP_TTL if parent.ino == p.ROOT_ID else self.ttl(parent)
+            return p.encode_entry(0, ttl, 0, p.attr_values(0, 0, 0, 0, 0, 0, 0, 0))
+        return self._entry(self._child(parent, name, info))
+
+    def op_forget(self, nodeid: int, body: memoryview) -> Result:
+        self.forget(nodeid, p.FORGET_IN.unpack_from(body)[0])
+        return None
+
+    def op_batch_forget(self, nodeid: int, body: memoryview) -> Result:
+        for nid, nl in p.parse_forgets(body):
+            self.forget(nid, nl)
+        return None
+
+    def op_getattr(self, nodeid: int, body: memoryview) -> Result:
+        n = self._node(nodeid)
+        if self._fresh(n):
+            return p.encode_attr_out(self.ttl(n), n.attr)
+        return self._getattr(n)
+
+    async def _restat(self, n: Node) -> None:
+        self.stats.client_calls += 1
+        ds = self._dataset(n.ds)
+        if ds is not None:
+            self.cache.forget(ds.name, n.key)
+        info = await self.client.stat(n.path)
+        parent = self.by_path.get(n.path.rsplit("/", 1)[0] or "/")
+        if parent is not None:
+            self._child(parent, n.path.rsplit("/", 1)[1], info)
+
+    async def _getattr(self, n: Node) -> Reply:
+        await self._restat(n)
+        return p.encode_attr_out(self.ttl(n), n.attr)
+
+    def op_statfs(self, nodeid: int, body: memoryview) -> Result:
+        return p.encode_statfs(len(self.nodes))
+
+    # -- files ----------------------------------------------------------------------
+
+    def _large(self, n: Node) -> bool:
+        ds = self._dataset(n.ds)
+        return ds is not None and n.size > ds.policy.page_size
+
+    def op_open(self, nodeid: int, body: memoryview) -> Result:
+        if self.kernel_open:
+            # the kernel then opens every file itself (keep_cache) and stops asking
+            raise OSError(errno.ENOSYS, "opens are handled by the kernel")
+        flags = p.OPEN_IN.unpack_from(body)[0]
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
+            raise OSError(errno.EROFS, "read-only")
+        n = self._node(nodeid)
+        if not self._fresh(n):
+            return self._open_async(n, stat=True)
+        if self.backing_open is not None and self._large(n):
+            if n.backing:
+                return self._open_passthrough(n)
+            if n.opens == 0:
+                return self._open_async(n, stat=False)
+        return self._open_cached(n)
+
+    def _open_cached(self, n: Node) -> bytes:
+        keep = n.kept_version in ("", n.version)
+        n.kept_version = n.version
+        n.opens += 1
+        self.stats.cached_opens += 1
+        flags = p.FOPEN_NOFLUSH | (p.FOPEN_KEEP_CACHE if keep else 0)
+        return p.encode_open(0, flags)
+
+    def _open_passthrough(self, n: Node) -> bytes:
+        n.opens += 1
+        n.passthrough_opens += 1
+        self.stats.passthrough_opens += 1
+        return p.encode_open(1, p.FOPEN_PASSTHROUGH | p.FOPEN_NOFLUSH, n.backing)
+
+    async def _open_async(self, n: Node, stat: bool) -> Reply:
+        if stat:
+            await self._restat(n)
+        if self.backing_open is None or not self._large(n) or (n.opens and not n.backing):
+            return self._open_cached(n)
+        if n.backing:
+            return self._open_passthrough(n)
+        self.stats.client_calls += 1
+        try:
+            # cached only: an uncached file is read through the daemon (which caches it)
+            # instead of waiting for the worker to load all of it first
+            got = await asyncio.wait_for(
+                self.client.open_local(n.path, load=False), PASSTHROUGH_WAIT
+            )
+        except TimeoutError:
+            got = None
+        if got is None:
+            return self._open_cached(n)
+        fd, info = got
+        try:
+            if n.backing or n.opens or info.version != n.version:
+                return self._open_cached(n)  # raced with another open, or changed
+            n.backing = self.backing_open(fd)
+            self.stats.backing_files += 1
+        except OSError as exc:
+            log.warning("passthrough refused for %s: %s", n.path, exc)
+            return self._open_cached(n)
+        finally:
+            os.close(fd)
+        return self._open_passthrough(n)
+
+    def op_release(self, nodeid: int, body: memoryview) -> Result:
+        fh = p.RELEASE_IN.unpack_from(body)[0]
+        n = self.nodes.get(nodeid)
+        if n is None:
+            return b""
+        n.opens -= 1
+        if fh == 1:
+            n.passthrough_opens -= 1
+            if n.passthrough_opens == 0 and n.backing:
+                backing, n.backing = n.backing, 0
+                self.stats.backing_files -= 1
+                if self.backing_close is not None:
+                    try:
+                        self.backing_close(backing)
+                    except OSError as exc:
+                        log.warning("closing backing id %d failed: %s", backing, exc)
+        if n.opens <= 0:
+            n.opens = 0
+            n.chunk = b""
+            if n.nlookup <= 0:
+                self.forget(nodeid, 0)
+        return b""
+
+    def op_read(self, nodeid: int, body: memoryview) -> Result:
+        _fh, off, size = p.READ_IN.unpack_from(body)[:3]
+        n = self._node(nodeid)
+        self.stats.reads += 1
+        if off >= n.size or size == 0:
+            return b""
+        size = min(size, n.size - off)
+        self.stats.read_bytes += size
+        chunk = n.chunk
+        start = off - n.chunk_at
+        if chunk and start >= 0 and start + size <= len(chunk):
+            return memoryview(chunk)[start : start + size]
+        ds = self._dataset(n.ds)
+        if ds is None:
+            return self._read(n, off, size, off, size)
+        if n.size <= ds.policy.page_size:
+            data = read_located(self.cache, ds, n.key, off, size)
+            return data if data is not None else self._read(n, off, size, off, size)
+        # large files: read whole pages once and serve the kernel's smaller reads from them
+        ps = ds.policy.page_size
+        w0 = off - off % ps
+        w1 = min(n.size, -(-(off + size) // ps) * ps)
+        data = read_located(self.cache, ds, n.key, w0, w1 - w0)
+        if data is None:
+            return self._read(n, w0, w1 - w0, off, size)
+        n.chunk_at, n.chunk = w0, data
+        return memoryview(data)[off - w0 : off - w0 + size]
+
+    async def _read(self, n: Node, w0: int, wlen: int, off: int, size: int) -> Reply:
+        self.stats.client_calls += 1
+        data = await self.client.read(n.path, w0, wlen)
+        if wlen != size:
+            n.chunk_at, n.chunk = w0, data
+        return memoryview(data)[off - w0 : off - w0 + size]
+
+    # -- directories ----------------------------------------------------------------
+
+    def op_opendir(self, nodeid: int, body: memoryview) -> Result:
+        n = self._node(nodeid)
+        if not n.is_dir:
+            raise OSError(errno.ENOTDIR, n.path)
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = None
+        return p.encode_open(fh, 0)
+
+    def op_releasedir(self, nodeid: int, body: memoryview) -> Result:
+        self._dirs.pop(p.RELEASE_IN.unpack_from(body)[0], None)
+        return b""
+
+    async def _listing(self, n: Node) -> list[FileInfo]:
+        self.stats.client_calls += 1
+        if n.ino == p.ROOT_ID:
+            names = [d.name for d in await self.client.datasets()]
+            if self.only is not None:
+                names = [x for x in names if x in self.only]
+            return [FileInfo(x, 0, "", self.started, True) for x in sorted(names)]
+        if not n.key:
+            ds = await self.client.dataset(n.ds)
+            return [FileInfo(m.name, 0, "", self.started, True) for m in ds.mounts]
+        out = await self.client.ls(n.path)
+        return [
+            FileInfo(e.path.rsplit("/", 1)[1], e.size, e.version, e.mtime, e.is_dir) for e in out
+        ]
+
+    def op_readdirplus(self, nodeid: int, body: memoryview) -> Result:
+        return self._readdir(nodeid, body, True)
+
+    def op_readdir(self, nodeid: int, body: memoryview) -> Result:
+        return self._readdir(nodeid, body, False)
+
+    def _readdir(self, nodeid: int, body: memoryview, plus: bool) -> Result:
+        fh, off, size = p.READ_IN.unpack_from(body)[:3]
+        n = self._node(nodeid)
+        if fh not in self._dirs:
+            raise OSError(errno.EBADF, "unknown directory handle")
+        entries = self._dirs[fh]
+        if entries is None:
+            return self._readdir_async(n, fh, off, size, plus)
+        return self._dirents(n, entries, off, size, plus)
+
+    async def _readdir_async(self, n: Node, fh: int, off: int, size: int, plus: bool) -> Reply:
+        entries = await self._listing(n)
+        if fh in self._dirs:
+            self._dirs[fh] = entries
+        return self._dirents(n, entries, off, size, plus)
+
+    def _dirents(self, n: Node, entries: list[FileInfo], off: int, size: int, plus: bool) -> Reply:
+        out: list[bytes] = []
+        used = 0
+        for i in range(off, len(entries)):
+            e = entries[i]
+            name = e.path.encode("utf-8", "surrogateescape")
+            need = p.dirent_size(name) + (p.ENTRY_OUT.size if plus else 0)
+            if used + need > size:
+                break
+            used += need
+            if plus:
+                c = self._child(n, e.path, None if not n.key else e)
+                out.append(
+                    p.encode_direntplus(self._entry(c), c.ino, i + 1, p.dtype(e.is_dir), name)
+                )
+            else:
+                c0 = self.by_path.get(n.path.rstrip("/") + "/" + e.path)
+                ino = c0.ino if c0 is not None else (1 << 62) + i
+                out.append(p.encode_dirent(ino, i + 1, p.dtype(e.is_dir), name))
+        return b"".join(out)  # one buffer: writev takes at most IOV_MAX (1024)
+
+    # -- the rest -------------------------------------------------------------------
+
+    def op_access(self, nodeid: int, body: memoryview) -> Result:
+        if p.GETXATTR_IN.unpack_from(body)[0] & os.W_OK:
+            raise OSError(errno.EROFS, "read-only")
+        return b""
+
+    def op_getxattr(self, nodeid: int, body: memoryview) -> Result:
+        raise OSError(errno.ENODATA, "no attributes")
+
+    def op_listxattr(self, nodeid: int, body: memoryview) -> Result:
+        if p.GETXATTR_IN.unpack_from(body)[0] == 0:
+            return p.GETXATTR_OUT.pack(0, 0)
+        return b""
+
+    def op_ioctl(self, nodeid: int, body: memoryview) -> Result:
+        raise OSError(errno.ENOTTY, "not a terminal")
+
+    def op_readlink(self, nodeid: int, body: memoryview) -> Result:
+        raise OSError(errno.EINVAL, "not a link")
+
+    def op_rofs(self, nodeid: int, body: memoryview) -> Result:
+        raise OSError(errno.EROFS, "read-only")
+
+    def op_nosys(self, nodeid: int, body: memoryview) -> Result:
+        # ENOSYS makes the kernel stop sending FLUSH, FSYNC, LSEEK, ... for good
+        raise OSError(errno.ENOSYS, "not implemented")
+
+    def op_interrupt(self, nodeid: int, body: memoryview) -> Result:
+        return None  # requests end on their own (the client's retries are bounded)
+
+    def handlers(self) -> dict[int, Handler]:
+        table: dict[int, Handler] = {op: self.op_rofs for op in p.WRITE_OPS}
+        table.update(
+            {
+                p.Op.LOOKUP: self.op_lookup,
+                p.Op.FORGET: self.op_forget,
+                p.Op.BATCH_FORGET: self.op_batch_forget,
+                p.Op.GETATTR: self.op_getattr,
+                p.Op.OPEN: self.op_open,
+                p.Op.READ: self.op_read,
+                p.Op.RELEASE: self.op_release,
+                p.Op.OPENDIR: self.op_opendir,
+                p.Op.READDIR: self.op_readdir,
+                p.Op.READDIRPLUS: self.op_readdirplus,
+                p.Op.RELEASEDIR: self.op_releasedir,
+                p.Op.STATFS: self.op_statfs,
+                p.Op.ACCESS: self.op_access,
+                p.Op.GETXATTR: self.op_getxattr,
+                p.Op.LISTXATTR: self.op_listxattr,
+                p.Op.IOCTL: self.op_ioctl,
+                p.Op.READLINK: self.op_readlink,
+                p.Op.INTERRUPT: self.op_interrupt,
+            }
+        )
+        return table
+
+    def close_backing(self) -> None:
+        """Drop every passthrough registration (on shutdown)."""
+        for n in self.nodes.values():
+            if n.backing and self.backing_close is not None:
+                try:
+                    self.backing_close(n.backing)
+                except OSError:
+                    pass
+                n.backing = 0
