@@ -30,8 +30,9 @@ from fsspec.asyn import AsyncFileSystem, get_loop, sync
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import AbstractBufferedFile, make_instance
 
-from shoal.client.aio import AsyncClient, read_located
+from shoal.client.aio import AsyncClient
 from shoal.client.cache import ClientCache
+from shoal.client.local import read_located
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import FileInfo, split_path
 from shoal.errors import InvalidArgument, ShoalError

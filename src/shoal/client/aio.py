@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 import xxhash
 
-from shoal.client.cache import ClientCache, LocKey, PageLoc, WorkerAddr
+from shoal.client.cache import ClientCache, PageLoc, WorkerAddr
 from shoal.client.conn import Pool, Response
+from shoal.client.local import TOUCH_FLUSH, read_located
 from shoal.config import ClientSettings
 from shoal.core.manifest import Manifest
-from shoal.core.paging import pages_for_range
 from shoal.core.ring import Ring
 from shoal.core.types import NEVER, Dataset, FileInfo, Mount, NsPath, split_path
 from shoal.errors import (
@@ -51,7 +51,6 @@ log = logging.getLogger("shoal.client")
 SUSPECT_FOR = 5.0
 #: owners tried beyond the dataset's replicas before falling back to under storage
 EXTRA_OWNERS = 2
-_TOUCH_FLUSH = 256
 
 
 class AsyncClient:
@@ -379,14 +378,23 @@ class AsyncClient:
         info = self.cache.info(ds, path)
         version = info.version if info is not None else None
         local = self.is_local(w)
+        if local and ds.policy.staleness == NEVER:
+            directory = path.rpartition("/")[0]
+            if (w.id, ds.name, directory) not in self.cache.dirs_located:
+                # a new reader (a fresh DataLoader worker) learns a whole directory's
+                # cached files in one round trip instead of one per file
+                self.cache.dirs_located.add((w.id, ds.name, directory))
+                await self._locate_dir(w, ds, directory)
+                fast = read_located(self.cache, ds, path, offset, length)
+                if fast is not None:
+                    return fast
         if local:
             resp = await self._call(w, Op.LOCATE, [ds.name, path, version, offset, length], True)
-            data = self._take_locations(w, ds, path, resp)
+            data = self._take_locations(w, ds, path, resp, offset, length)
             if data is not None:
-                got = data
                 self.cache.counters.local += 1
-                self.cache.counters.bytes_local += len(got)
-                return _slice(got, resp.meta, ds.policy.page_size, offset, length)
+                self.cache.counters.bytes_local += len(data)
+                return data
             version = resp.meta["v"]
         resp = await self._call(w, Op.READ, [ds.name, path, offset, length, version])
         m = resp.meta
@@ -407,9 +415,9 @@ class AsyncClient:
         return _slice(resp.data, m, ds.policy.page_size, offset, length)
 
     def _take_locations(
-        self, w: WorkerAddr, ds: Dataset, path: str, resp: Response
+        self, w: WorkerAddr, ds: Dataset, path: str, resp: Response, offset: int, length: int
     ) -> bytes | None:
-        """Install handed-over descriptors and page locations; read the pages with pread."""
+        """Install handed-over descriptors and page locations; read the range with pread."""
         m = resp.meta
         c = self.cache
         c.remember(ds.name, FileInfo(path, m["size"], m["v"], m.get("mt", 0.0)))
@@ -423,14 +431,31 @@ class AsyncClient:
         first = m["first"]
         for i, (slot, off, n, ck) in enumerate(m["pages"]):
             c.locs[(ds.name, path, m["v"], first + i)] = PageLoc(ids[slot], off, n, ck, w.id)
-        parts = []
-        for i in range(len(m["pages"])):
-            loc = c.locs.get((ds.name, path, m["v"], first + i))
-            piece = _pread(c, loc) if loc is not None else None
-            if piece is None:
-                return None
-            parts.append(piece)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        # the worker counted this read when it answered: no touch for it
+        return read_located(c, ds, path, offset, length, touch=False)
+
+    async def _locate_dir(self, w: WorkerAddr, ds: Dataset, directory: str) -> None:
+        try:
+            resp = await self._call(w, Op.LOCATE_DIR, [ds.name, directory], True)
+        except (Unavailable, ProtocolError) as exc:
+            log.debug("LOCATE_DIR on %s failed: %s", w.id, exc)
+            return
+        m = resp.meta
+        ids = [tuple(x) for x in m.get("fds", [])]
+        c = self.cache
+        if len(resp.fds) != len(ids):
+            for fd in resp.fds:
+                os.close(fd)
+            return
+        for key, fd in zip(ids, resp.fds, strict=True):
+            c.add_fd(key, fd)
+        for path, v, size, slot, off, n, ck in m["items"]:
+            known = c.meta.get((ds.name, path))
+            if known is not None and known[0].version != v:
+                continue  # this process already reads another version of it
+            if known is None:
+                c.remember(ds.name, FileInfo(path, size, v))
+            c.locs[(ds.name, path, v, 0)] = PageLoc(ids[slot], off, n, ck, w.id)
 
     async def _report_corrupt(
         self, w: WorkerAddr, ds: Dataset, path: str, version: str, index: int
@@ -580,13 +605,17 @@ class AsyncClient:
     # -- short-circuit bookkeeping ------------------------------------------------
 
     def _flush_touches_maybe(self) -> None:
-        t = self.cache.touches
-        if t and sum(len(v) for d in t.values() for v in d.values()) >= _TOUCH_FLUSH:
+        if len(self.cache.touch_log) >= TOUCH_FLUSH:
             asyncio.get_running_loop().create_task(self.flush_touches())
 
     async def flush_touches(self) -> None:
         """Tell workers about hits served from their descriptors (stats and recency)."""
-        touches, self.cache.touches = self.cache.touches, {}
+        log_, self.cache.touch_log = self.cache.touch_log, []
+        touches: dict[str, dict[str, list[list[Any]]]] = {}
+        for wid, dsname, path, version, npages, nbytes in log_:
+            touches.setdefault(wid, {}).setdefault(dsname, []).append(
+                [path, version, npages, nbytes]
+            )
         for wid, by_ds in touches.items():
             w = self.cache.workers.get(wid)
             if w is None:
@@ -628,58 +657,6 @@ def split_path_or_root(path: str) -> NsPath | None:
     if p.strip("/") == "":
         return None
     return split_path(path)
-
-
-def _pread(c: ClientCache, loc: PageLoc) -> bytes | None:
-    fd = c.fds.get(loc.fdkey)
-    if fd is None:
-        return None
-    try:
-        data = os.pread(fd, loc.length, loc.offset)
-    except OSError:
-        return None
-    if len(data) != loc.length or xxhash.xxh3_64_intdigest(data) != loc.checksum:
-        c.counters.corrupt += 1
-        return None
-    return data
-
-
-def read_located(c: ClientCache, ds: Dataset, path: str, offset: int, length: int) -> bytes | None:
-    """The zero-round-trip read: metadata and page locations already known; else None."""
-    info = c.info(ds, path)
-    if info is None:
-        return None
-    ps = ds.policy.page_size
-    rng = pages_for_range(info.size, ps, offset, length)
-    if not rng:
-        return b""
-    parts: list[bytes] = []
-    loc: PageLoc | None = None
-    for i in rng:
-        key: LocKey = (ds.name, path, info.version, i)
-        loc = c.locs.get(key)
-        if loc is None:
-            return None
-        piece = _pread(c, loc)
-        if piece is None:
-            c.locs.pop(key, None)
-            return None
-        parts.append(piece)
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
-    c.counters.short_circuit += 1
-    c.counters.bytes_short_circuit += len(data)
-    assert loc is not None  # rng is not empty
-    _touch(c, ds, path, info, loc.worker, len(rng), len(data))
-    meta = {"first": rng.start if rng else 0}
-    return _slice(data, meta, ps, offset, length)
-
-
-def _touch(
-    c: ClientCache, ds: Dataset, path: str, info: FileInfo, wid: str, npages: int, nbytes: int
-) -> None:
-    c.touches.setdefault(wid, {}).setdefault(ds.name, []).append(
-        [path, info.version, npages, nbytes]
-    )
 
 
 def _slice(data: bytes, meta: dict[str, Any], page_size: int, offset: int, length: int) -> bytes:

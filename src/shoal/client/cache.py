@@ -44,6 +44,16 @@ class PageLoc:
 
 LocKey = tuple[str, str, str, int]  # dataset, path, version, page index
 
+#: bumped in every forked child, so a hot path can notice a fork without a system call
+FORKS = [0]
+
+
+def _forked() -> None:
+    FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 @dataclass
 class Counters:
@@ -86,8 +96,12 @@ class ClientCache:
     meta: LRU = field(default_factory=lambda: LRU(1_000_000))
     locs: dict[LocKey, PageLoc] = field(default_factory=dict)
     fds: dict[tuple[int, int], int] = field(default_factory=dict)
-    #: short-circuit hits not yet reported to their worker: worker id -> dataset -> items
-    touches: dict[str, dict[str, list[list[Any]]]] = field(default_factory=dict)
+    #: short-circuit hits not yet reported: (worker, dataset, path, version, pages, bytes)
+    touch_log: list[tuple[str, str, str, str, int, int]] = field(default_factory=list)
+    #: (worker, dataset, directory) whose cached files this process has located
+    dirs_located: set[tuple[str, str, str]] = field(default_factory=set)
+    #: located pages whose checksum this process has checked
+    verified: set[LocKey] = field(default_factory=set)
     counters: Counters = field(default_factory=Counters)
     max_fds: int = 512
     #: dataset -> (manifest id, manifest)
@@ -114,6 +128,7 @@ class ClientCache:
             self.meta.pop(k, None)
         for k in [k for k in self.locs if k[0] == ds]:
             self.locs.pop(k, None)
+            self.verified.discard(k)
 
     def add_fd(self, key: tuple[int, int], fd: int) -> None:
         if key in self.fds:
@@ -125,6 +140,7 @@ class ClientCache:
 
     def drop_locations(self) -> None:
         self.locs.clear()
+        self.verified.clear()
         fds = list(self.fds.values())
         self.fds.clear()
         for fd in fds:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import mmap
 import os
 import socket
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from shoal.errors import ProtocolError, ShoalError, Unavailable
 from shoal.proto import wire
 from shoal.proto.wire import Op, Status
 
+#: smallest receive buffer a connection keeps (grown to the largest response, power of 2)
+_MIN_BUF = 1 << 20
+_MAX_BUF = 16 << 20
 _FD_ANC = socket.CMSG_SPACE(wire.MAX_FDS * array.array("i").itemsize)
 
 
@@ -36,7 +40,18 @@ class Connection:
         self.unix = unix
         self._req_id = 0
         self._hdr = bytearray(wire.RESP_HDR.size)
+        self._buf: mmap.mmap | None = None
         self.broken = False
+
+    def _buffer(self, n: int) -> memoryview:
+        if n > _MAX_BUF:  # rare huge answers: a one-off buffer, not kept per connection
+            return memoryview(bytearray(n))
+        if self._buf is None or len(self._buf) < n:
+            if self._buf is not None:
+                self._buf.close()
+            size = max(_MIN_BUF, 1 << (n - 1).bit_length())
+            self._buf = mmap.mmap(-1, size)
+        return memoryview(self._buf)[:n]
 
     @classmethod
     async def open(cls, address: str | tuple[str, int], timeout: float) -> Connection:
@@ -62,6 +77,12 @@ class Connection:
     def close(self) -> None:
         self.broken = True
         self.sock.close()
+        if self._buf is not None:
+            try:
+                self._buf.close()
+            except BufferError:  # a view is still alive; the GC frees it later
+                pass
+            self._buf = None
 
     async def call(self, op: Op, args: list[Any], want_fds: bool = False) -> Response:
         """Send one request and read its response; errors from the worker are raised."""
@@ -80,9 +101,13 @@ class Connection:
                 raise ProtocolError(f"response {req_id} for request {self._req_id}")
             meta_buf = bytearray(meta_len)
             await self._recv_exact(memoryview(meta_buf))
-            data = bytearray(data_len)
+            data = b""
             if data_len:
-                await self._recv_exact(memoryview(data))
+                # receive into this connection's page-aligned buffer (reused, so no fresh
+                # zeroed allocation and no page faults per response), then one copy out
+                view = self._buffer(data_len)
+                await self._recv_exact(view)
+                data = bytes(view)
         except (OSError, EOFError) as exc:
             self.close()
             raise Unavailable(f"worker connection lost: {exc}") from None
@@ -94,7 +119,7 @@ class Connection:
             for fd in fds:
                 os.close(fd)
             raise wire.decode_error(meta)
-        return Response(meta, bytes(data) if data_len else b"", epoch, fds)
+        return Response(meta, data, epoch, fds)
 
     async def _recv_exact(self, view: memoryview) -> None:
         loop = asyncio.get_running_loop()

@@ -10,13 +10,13 @@ the caches and descriptors) and pickles to its settings (DataLoader with spawn).
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
-from shoal.client.aio import AsyncClient, read_located
-from shoal.client.cache import ClientCache
+from shoal.client.aio import AsyncClient
+from shoal.client.cache import FORKS, ClientCache
+from shoal.client.local import TOUCH_FLUSH, read_located
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import Dataset, FileInfo, Mount
 from shoal.errors import ShoalError
@@ -33,7 +33,7 @@ class Client:
         self._aio = AsyncClient(self.settings, self.cache)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+        self._gen = FORKS[0]
         self._lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------
@@ -57,10 +57,10 @@ class Client:
         self._loop = None
         self._thread = None
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._gen = FORKS[0]
 
     def _get_loop(self) -> asyncio.AbstractEventLoop:
-        if self._pid != os.getpid():
+        if self._gen != FORKS[0]:
             self._after_fork()
         loop = self._loop
         if loop is not None:
@@ -80,19 +80,26 @@ class Client:
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def close(self) -> None:
-        if self._pid != os.getpid():
+        if self._gen != FORKS[0]:
             self._after_fork()
             return
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
         try:
-            asyncio.run_coroutine_threadsafe(self._aio.close(), loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
             loop.close()
             self._loop = self._thread = None
+
+    async def _shutdown(self) -> None:
+        await self._aio.close()
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:  # e.g. a touch flush the fast path scheduled
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     @property
     def aio(self) -> AsyncClient:
@@ -102,7 +109,7 @@ class Client:
     # -- data -----------------------------------------------------------------------
 
     def _fast(self, path: str, offset: int, length: int) -> bytes | None:
-        if self._pid != os.getpid():
+        if self._gen != FORKS[0]:
             self._after_fork()
         # no validation here: only exact, already-normalised keys can hit the caches, and
         # anything else (odd paths, errors) is left to the slow path to judge
@@ -111,7 +118,10 @@ class Client:
         hit = self.cache.datasets.get(name)
         if hit is None or "/" not in key:
             return None
-        return read_located(self.cache, hit[0], key, offset, length)
+        data = read_located(self.cache, hit[0], key, offset, length)
+        if data is not None and len(self.cache.touch_log) >= TOUCH_FLUSH and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._aio.flush_touches(), self._loop)
+        return data
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
         data = self._fast(path, offset, length)

@@ -36,6 +36,9 @@ LOCATE     [dataset, path, version, offset, length,    {v, size, first, pages:
                                                        fds: [[dev, ino], ...]} + SCM_RIGHTS
 TOUCH      [dataset, [[path, v, pages, bytes]...]]     {} (hits served by short circuit)
 DROP       [dataset, path, version, index]             {} (a reader saw a bad checksum)
+LOCATE_DIR [dataset, directory]                        {items: [[path, v, size, fd_slot,
+                                                       offset, len, ck]...], fds} + SCM_RIGHTS
+                                                       (cached small files of a directory)
 =========  ==========================================  =========================================
 
 ``version`` None means "whatever the worker holds within the dataset's staleness bound".
@@ -69,6 +72,7 @@ class Op(IntEnum):
     LOCATE = 6
     TOUCH = 7
     DROP = 8
+    LOCATE_DIR = 9
 
 
 class Status(IntEnum):

@@ -111,6 +111,10 @@ class PageStore(ABC):
         """True if any page of this file version is stored (default: page 0 is)."""
         return self.contains(file.page(0))
 
+    def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
+        """Cached file versions directly in one directory (not below it)."""
+        return [f for f in self.files(dataset, directory) if f.path.rpartition("/")[0] == directory]
+
     def versions(self, dataset: str, path: str) -> dict[str, int]:
         """Cached versions of one file -> file size. Lets a restarted worker serve what it
         holds without asking under storage (within a "never revalidate" bound)."""

@@ -61,6 +61,8 @@ class Catalog:
         self.datasets: dict[str, dict[FileKey, FileState]] = {}
         #: (dataset, path) -> cached versions of that file
         self.by_path: dict[tuple[str, str], set[str]] = {}
+        #: (dataset, directory) -> paths of the files cached in it
+        self.by_dir: dict[tuple[str, str], set[str]] = {}
         self._expiry: list[tuple[float, int, FileKey]] = []
         self._seq = 0  # tie-breaker: FileKeys do not order
         self.large_bytes = 0
@@ -114,6 +116,7 @@ class Catalog:
         self.files[fk] = st
         self.datasets.setdefault(fk.dataset, {})[fk] = st
         self.by_path.setdefault((fk.dataset, fk.path), set()).add(fk.version)
+        self.by_dir.setdefault((fk.dataset, fk.path.rpartition("/")[0]), set()).add(fk.path)
 
     def add_page(self, key: PageKey, st: FileState, e: PageEntry) -> None:
         self.pages[key] = e
@@ -146,6 +149,12 @@ class Catalog:
             vs.discard(fk.version)
             if not vs:
                 del self.by_path[(fk.dataset, fk.path)]
+                d = (fk.dataset, fk.path.rpartition("/")[0])
+                paths = self.by_dir.get(d)
+                if paths is not None:
+                    paths.discard(fk.path)
+                    if not paths:
+                        del self.by_dir[d]
         for index in st.pages:
             key = PageKey(fk, index)
             e = self.pages.pop(key)

@@ -200,6 +200,13 @@ class DiskTier(PageStore):
             for v in vs
         ]
 
+    def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
+        return [
+            FileKey(dataset, path, v)
+            for path in self._cat.by_dir.get((dataset, directory), ())
+            for v in self._cat.by_path.get((dataset, path), ())
+        ]
+
     def versions(self, dataset: str, path: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for v in self._cat.by_path.get((dataset, path), ()):

@@ -91,6 +91,12 @@ class TieredStore(PageStore):
             key=lambda f: (f.path, f.version),
         )
 
+    def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
+        return sorted(
+            {fk for t in self.tiers for fk in t.files_in_dir(dataset, directory)},
+            key=lambda f: (f.path, f.version),
+        )
+
     def versions(self, dataset: str, path: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for tier in self.tiers:

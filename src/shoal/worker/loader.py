@@ -120,6 +120,17 @@ class Loader:
                 self._remember(ds, e.path, e)
         return entries
 
+    def current(self, ds: Dataset, path: str) -> FileInfo | None:
+        """The version this worker would serve now without asking anyone, if it knows."""
+        info = self.cached_info(ds, path) or self.manifest_info(ds, path)
+        if info is not None:
+            return info
+        held = self.store.versions(ds.name, path)
+        if len(held) == 1 and ds.policy.staleness == NEVER:
+            v, size = next(iter(held.items()))
+            return FileInfo(path, size, v)
+        return None
+
     def manifest_info(self, ds: Dataset, path: str) -> FileInfo | None:
         """The file as the dataset's manifest lists it, if the manifest is within the bound."""
         man = self.manifests.get(ds.name)

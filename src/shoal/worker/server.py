@@ -20,7 +20,7 @@ from typing import Any
 
 import xxhash
 
-from shoal.core.types import FileKey
+from shoal.core.types import NEVER, FileKey
 from shoal.errors import DatasetNotFound, InvalidArgument, ProtocolError, ShoalError
 from shoal.proto import wire
 from shoal.proto.wire import Op, Status
@@ -76,6 +76,8 @@ class DataService:
         if op == Op.LOCATE:
             pages = self.loader.try_cached(args[0], args[1], args[2], args[3], args[4])
             return None if pages is None else self._locate_reply(args[0], pages)
+        if op == Op.LOCATE_DIR:
+            return self._locate_dir(args[0], args[1])
         if op == Op.TOUCH:
             return self._touch(args[0], args[1])
         if op == Op.DROP:
@@ -167,6 +169,44 @@ class DataService:
             "fds": ids,
         }
         return Reply(meta, fds=fds)
+
+    def _locate_dir(self, dataset: str, directory: str) -> Reply:
+        """Locations of every small file of a directory that is cached at the version this
+        worker would serve, so a new reader process needs one round trip per directory,
+        not one per file. Only under "never revalidate": otherwise each open revalidates."""
+        ds = self.loader.table.get(dataset)
+        items: list[list[Any]] = []
+        fds: list[int] = []
+        ids: list[list[int]] = []
+        slot_of: dict[str, int] = {}
+        if ds.policy.staleness != NEVER:
+            return Reply({"items": [], "fds": []})
+        store = self.loader.store
+        try:
+            for fk in store.files_in_dir(dataset, directory):
+                info = self.loader.current(ds, fk.path)
+                if info is None or info.version != fk.version or info.size > ds.policy.page_size:
+                    continue
+                loc = store.locate(fk.page(0))
+                if loc is None:
+                    continue
+                slot = slot_of.get(loc.path)
+                if slot is None:
+                    if len(fds) >= wire.MAX_FDS:
+                        continue
+                    fd = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
+                    st = os.fstat(fd)
+                    slot = slot_of[loc.path] = len(fds)
+                    fds.append(fd)
+                    ids.append([st.st_dev, st.st_ino])
+                items.append(
+                    [fk.path, fk.version, info.size, slot, loc.offset, loc.length, loc.checksum]
+                )
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return Reply({"items": items, "fds": ids}, fds=fds)
 
     def _touch(self, dataset: str, items: list[list[Any]]) -> Reply:
         files = nbytes = 0
