@@ -47,6 +47,8 @@ from shoal.ufs.registry import open_store
 
 log = logging.getLogger("shoal.client")
 
+#: bytes of already cached pages past a located range a worker also hands over
+LOCATE_AHEAD = 64 << 20
 #: seconds a worker that failed to answer is skipped
 SUSPECT_FOR = 5.0
 #: owners tried beyond the dataset's replicas before falling back to under storage
@@ -269,6 +271,10 @@ class AsyncClient:
 
     async def _resolve(self, path: str) -> tuple[Dataset, NsPath]:
         np = split_path(path)
+        if self.cache.ring is None and np.dataset not in self.cache.datasets:
+            # a new client: learn the dataset and the ring in one round trip's time
+            ds, _ = await asyncio.gather(self.dataset(np.dataset), self._ring())
+            return ds, np
         return await self.dataset(np.dataset), np
 
     async def stat(self, path: str) -> FileInfo:
@@ -389,7 +395,8 @@ class AsyncClient:
                 if fast is not None:
                     return fast
         if local:
-            resp = await self._call(w, Op.LOCATE, [ds.name, path, version, offset, length], True)
+            args = [ds.name, path, version, offset, length, False, LOCATE_AHEAD]
+            resp = await self._call(w, Op.LOCATE, args, True)
             data = self._take_locations(w, ds, path, resp, offset, length)
             if data is not None:
                 self.cache.counters.local += 1

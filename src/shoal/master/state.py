@@ -143,27 +143,19 @@ class MasterState:
 
     def update_policy(self, name: str, policy: CachePolicy) -> Dataset:
         """Replace a dataset's policy; its generation goes up by one."""
-        with self._tx() as cur:
-            row = cur.execute("SELECT json FROM datasets WHERE name = ?", (name,)).fetchone()
-            if row is None:
-                raise DatasetNotFound(f"no dataset named {name!r}")
-            old = Dataset.from_dict(json.loads(row[0]))
-            new = replace(old, policy=policy, generation=old.generation + 1)
-            cur.execute(
-                "UPDATE datasets SET json = ?, generation = ? WHERE name = ?",
-                (json.dumps(new.to_dict()), new.generation, name),
-            )
-            _bump(cur, "datasets_generation")
-        return new
+        return self._update(name, policy=policy)
 
     def set_manifest(self, name: str, manifest_id: str) -> Dataset:
         """Point a dataset at a new manifest; its generation goes up by one."""
+        return self._update(name, manifest=manifest_id)
+
+    def _update(self, name: str, **changes: Any) -> Dataset:
         with self._tx() as cur:
             row = cur.execute("SELECT json FROM datasets WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise DatasetNotFound(f"no dataset named {name!r}")
             old = Dataset.from_dict(json.loads(row[0]))
-            new = replace(old, manifest=manifest_id, generation=old.generation + 1)
+            new = replace(old, generation=old.generation + 1, **changes)
             cur.execute(
                 "UPDATE datasets SET json = ?, generation = ? WHERE name = ?",
                 (json.dumps(new.to_dict()), new.generation, name),

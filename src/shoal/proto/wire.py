@@ -31,7 +31,7 @@ READ       [dataset, path, offset, length, version]    {v, size, first, pages: [
 BATCH      [dataset, [path, ...]]                      {items: [[path, code, v, size, ck]...]}
                                                        (the small files, concatenated)
 LOCATE     [dataset, path, version, offset, length,    {v, size, first, pages:
-           cached_only]
+           cached_only, ahead]
                                                        [[fd_slot, offset, len, ck]...],
                                                        fds: [[dev, ino], ...]} + SCM_RIGHTS
 TOUCH      [dataset, [[path, v, pages, bytes]...]]     {} (hits served by short circuit)

@@ -20,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from shoal.core.paging import page_count
 from shoal.core.types import NEVER, FileKey
 from shoal.errors import DatasetNotFound, InvalidArgument, ProtocolError, ShoalError
 from shoal.proto import wire
@@ -49,6 +50,36 @@ def _piece_ck(p: Piece) -> int:
     return p.checksum if isinstance(p, Location) else xxhash.xxh3_64_intdigest(p)
 
 
+def _ahead(args: list[Any]) -> int:
+    return int(args[6]) if len(args) > 6 and args[6] else 0
+
+
+class _Handover:
+    """Descriptors to hand to a local client: one per backing file, with its identity."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+        self.ids: list[list[int]] = []
+        self._slot: dict[str, int] = {}
+
+    def slot(self, path: str) -> int | None:
+        """The slot of ``path``'s descriptor, opening it if needed; None when full."""
+        slot = self._slot.get(path)
+        if slot is None:
+            if len(self.fds) >= wire.MAX_FDS:
+                return None
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            slot = self._slot[path] = len(self.fds)
+            self.fds.append(fd)
+            self.ids.append([st.st_dev, st.st_ino])
+        return slot
+
+    def abort(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
 class DataService:
     """What the data path can do; connection handling lives in :class:`Conn`."""
 
@@ -75,7 +106,7 @@ class DataService:
             return None if pages is None else self._read_reply(args[0], pages, local)
         if op == Op.LOCATE:
             pages = self.loader.try_cached(args[0], args[1], args[2], args[3], args[4])
-            return None if pages is None else self._locate_reply(args[0], pages)
+            return None if pages is None else self._locate_reply(args[0], pages, _ahead(args))
         if op == Op.LOCATE_DIR:
             return self._locate_dir(args[0], args[1])
         if op == Op.TOUCH:
@@ -114,7 +145,7 @@ class DataService:
             if len(args) > 5 and args[5]:  # cached only: never fetch, say it is a miss
                 return Reply({"miss": True})
             pages = await self.loader.read(args[0], args[1], args[2], args[3], args[4])
-            return self._locate_reply(args[0], pages)
+            return self._locate_reply(args[0], pages, _ahead(args))
         if op == Op.BATCH:
             return await self._batch(args[0], args[1], local)
         if op == Op.STAT:
@@ -135,27 +166,31 @@ class DataService:
         }
         return Reply(meta, pages.pieces)
 
-    def _locate_reply(self, dataset: str, pages: Pages) -> Reply:
-        fds: list[int] = []
-        ids: list[list[int]] = []
-        slot_of: dict[str, int] = {}
+    def _locate_reply(self, dataset: str, pages: Pages, ahead: int = 0) -> Reply:
+        """Where the requested pages are; plus, up to ``ahead`` bytes, the already cached
+        pages that follow (never fetched for this), so a sequential reader of a large
+        file needs one round trip per window instead of one per page."""
+        h = _Handover()
         out: list[list[int]] = []
+        pieces: list[Piece] = list(pages.pieces)
+        if ahead > 0 and pieces:
+            ps = self.loader.table.get(dataset).policy.page_size
+            fk = FileKey(dataset, pages.info.path, pages.info.version)
+            last = min(page_count(pages.info.size, ps), pages.first + len(pieces) + ahead // ps)
+            for i in range(pages.first + len(pieces), last):
+                loc = self.loader.store.locate(fk.page(i))
+                if loc is None:
+                    break
+                pieces.append(loc)
         try:
-            for p in pages.pieces:
-                if not isinstance(p, Location):
-                    out.append([-1, 0, len(p), 0])  # not stored: read it with READ
+            for p in pieces:
+                slot = h.slot(p.path) if isinstance(p, Location) else None
+                if slot is None or not isinstance(p, Location):
+                    out.append([-1, 0, _piece_len(p), 0])  # read it with READ instead
                     continue
-                slot = slot_of.get(p.path)
-                if slot is None:
-                    fd = os.open(p.path, os.O_RDONLY | os.O_CLOEXEC)
-                    st = os.fstat(fd)
-                    slot = slot_of[p.path] = len(fds)
-                    fds.append(fd)
-                    ids.append([st.st_dev, st.st_ino])
                 out.append([slot, p.offset, p.length, p.checksum])
         except OSError:
-            for fd in fds:
-                os.close(fd)
+            h.abort()
             raise
         total = sum(_piece_len(p) for p in pages.pieces)
         # the client reads these bytes itself, right away: they count as served locally
@@ -166,21 +201,19 @@ class DataService:
             "mt": pages.info.mtime,
             "first": pages.first,
             "pages": out,
-            "fds": ids,
+            "fds": h.ids,
         }
-        return Reply(meta, fds=fds)
+        return Reply(meta, fds=h.fds)
 
     def _locate_dir(self, dataset: str, directory: str) -> Reply:
         """Locations of every small file of a directory that is cached at the version this
         worker would serve, so a new reader process needs one round trip per directory,
         not one per file. Only under "never revalidate": otherwise each open revalidates."""
         ds = self.loader.table.get(dataset)
-        items: list[list[Any]] = []
-        fds: list[int] = []
-        ids: list[list[int]] = []
-        slot_of: dict[str, int] = {}
         if ds.policy.staleness != NEVER:
             return Reply({"items": [], "fds": []})
+        h = _Handover()
+        items: list[list[Any]] = []
         store = self.loader.store
         try:
             for fk in store.files_in_dir(dataset, directory):
@@ -188,25 +221,16 @@ class DataService:
                 if info is None or info.version != fk.version or info.size > ds.policy.page_size:
                     continue
                 loc = store.locate(fk.page(0))
-                if loc is None:
+                slot = h.slot(loc.path) if loc is not None else None
+                if loc is None or slot is None:
                     continue
-                slot = slot_of.get(loc.path)
-                if slot is None:
-                    if len(fds) >= wire.MAX_FDS:
-                        continue
-                    fd = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
-                    st = os.fstat(fd)
-                    slot = slot_of[loc.path] = len(fds)
-                    fds.append(fd)
-                    ids.append([st.st_dev, st.st_ino])
                 items.append(
                     [fk.path, fk.version, info.size, slot, loc.offset, loc.length, loc.checksum]
                 )
         except OSError:
-            for fd in fds:
-                os.close(fd)
+            h.abort()
             raise
-        return Reply({"items": items, "fds": ids}, fds=fds)
+        return Reply({"items": items, "fds": h.ids}, fds=h.fds)
 
     def _touch(self, dataset: str, items: list[list[Any]]) -> Reply:
         files = nbytes = 0
