@@ -98,3 +98,33 @@ def test_load_orders_by_stats() -> None:
 def test_unknown_policy_is_a_user_error() -> None:
     with pytest.raises(InvalidArgument, match="lru"):
         make_policy("random")
+
+
+def test_per_dataset_policies_and_the_idle_dataset_gives_way() -> None:
+    from dataclasses import dataclass
+
+    from shoal.store.eviction import PerDataset
+
+    @dataclass(frozen=True)
+    class Key:
+        dataset: str
+        name: str
+
+    p = PerDataset("lru")
+    p.set_kind("fifo-ds", "fifo")
+    a1, a2, b1, b2 = (
+        Key("fifo-ds", "a1"),
+        Key("fifo-ds", "a2"),
+        Key("lru-ds", "b1"),
+        Key("lru-ds", "b2"),
+    )
+    for k in (a1, a2, b1, b2):
+        p.add(k)
+    p.touch(a1)  # fifo ignores reads of a1 within its dataset...
+    p.touch(b1)  # ...and lru-ds is now the most recently used dataset
+    assert len(p) == 4 and a1 in p
+    assert p.pop_victim() == a1  # fifo-ds was used longest ago; fifo order inside it
+    p.touch(a2)
+    assert p.pop_victim() == b2  # lru-ds is idle now: its least recently used first
+    p.set_kind("lru-ds", "lfu")  # a policy change keeps the units
+    assert set(p) == {a2, b1}

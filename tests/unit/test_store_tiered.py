@@ -84,3 +84,22 @@ def test_drop_corrupt_and_expire_reach_every_tier(tiered: TieredStore) -> None:
     put_file(tiered, fkey("b"), blob(2, 1000), expires_at=100.0)
     assert tiered.expire(200.0) == 1000
     tiered.flush()
+
+
+def test_put_honours_the_tiers_a_dataset_allows(tmp_path: Path) -> None:
+    from shoal.core.types import FileKey
+
+    store = TieredStore.from_specs(
+        [
+            TierSpec("mem", str(tmp_path / "mem"), 1 << 20),
+            TierSpec("ssd", str(tmp_path / "ssd"), 1 << 20),
+        ]
+    )
+    try:
+        key = FileKey("ds", "m/a", "v1").page(0)
+        assert store.put(key, b"x" * 100, PutMeta(100, 4096, tiers=("ssd",)))
+        assert [name for name, u in store.tier_usage() if u.pages] == ["ssd"]
+        other = FileKey("ds", "m/b", "v1").page(0)
+        assert not store.put(other, b"y" * 100, PutMeta(100, 4096, tiers=("hdd",)))
+    finally:
+        store.close()

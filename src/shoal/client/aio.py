@@ -386,10 +386,10 @@ class AsyncClient:
         local = self.is_local(w)
         if local and ds.policy.staleness == NEVER:
             directory = path.rpartition("/")[0]
-            if (w.id, ds.name, directory) not in self.cache.dirs_located:
+            if self.cache.dir_due((w.id, ds.name, directory)):
                 # a new reader (a fresh DataLoader worker) learns a whole directory's
                 # cached files in one round trip instead of one per file
-                self.cache.dirs_located.add((w.id, ds.name, directory))
+                self.cache.dirs_located[(w.id, ds.name, directory)] = time.monotonic()
                 await self._locate_dir(w, ds, directory)
                 fast = read_located(self.cache, ds, path, offset, length)
                 if fast is not None:
@@ -556,11 +556,51 @@ class AsyncClient:
                 out[p] = Unavailable("no live workers in the ring")
                 continue
             groups.setdefault((ds.name, owners[0].id), []).append((p, np))
+        await self._locate_dirs(groups, out)
         self._flush_touches_maybe()
         await asyncio.gather(
-            *(self._batch(ds, wid, items, out) for (ds, wid), items in groups.items())
+            *(self._batch(ds, wid, items, out) for (ds, wid), items in groups.items() if items)
         )
         return out
+
+    async def _locate_dirs(
+        self,
+        groups: dict[tuple[str, str], list[tuple[str, NsPath]]],
+        out: dict[str, bytes | ShoalError],
+    ) -> None:
+        """For local workers: learn the cached files of the batch's directories (once per
+        process), then serve what that covers with pread and leave the rest to BATCH."""
+        todo: set[tuple[str, str, str]] = set()
+        for (dsname, wid), items in groups.items():
+            w = self.cache.workers.get(wid)
+            hit = self.cache.datasets.get(dsname)
+            if w is None or hit is None or not self.is_local(w) or hit[0].policy.staleness != NEVER:
+                continue
+            for _, np in items:
+                d = np.key_path.rpartition("/")[0]
+                if self.cache.dir_due((wid, dsname, d)):
+                    todo.add((wid, dsname, d))
+        if not todo:
+            return
+        now = time.monotonic()
+        for key in todo:
+            self.cache.dirs_located[key] = now
+        await asyncio.gather(
+            *(
+                self._locate_dir(self.cache.workers[wid], self.cache.datasets[dsname][0], d)
+                for wid, dsname, d in todo
+            )
+        )
+        for (dsname, _), items in groups.items():
+            dset = self.cache.datasets[dsname][0]
+            rest = []
+            for p, np in items:
+                fast = read_located(self.cache, dset, np.key_path, 0, -1)
+                if fast is None:
+                    rest.append((p, np))
+                else:
+                    out[p] = fast
+            items[:] = rest
 
     async def _batch(
         self,

@@ -44,6 +44,9 @@ class PageLoc:
 
 LocKey = tuple[str, str, str, int]  # dataset, path, version, page index
 
+#: seconds before a client asks a worker again for a directory's cached files
+DIR_RELOCATE = 2.0
+
 #: bumped in every forked child, so a hot path can notice a fork without a system call
 FORKS = [0]
 
@@ -99,7 +102,7 @@ class ClientCache:
     #: short-circuit hits not yet reported: (worker, dataset, path, version, pages, bytes)
     touch_log: list[tuple[str, str, str, str, int, int]] = field(default_factory=list)
     #: (worker, dataset, directory) whose cached files this process has located
-    dirs_located: set[tuple[str, str, str]] = field(default_factory=set)
+    dirs_located: dict[tuple[str, str, str], float] = field(default_factory=dict)
     #: located pages whose checksum this process has checked
     verified: set[LocKey] = field(default_factory=set)
     counters: Counters = field(default_factory=Counters)
@@ -119,6 +122,12 @@ class ClientCache:
 
     def remember(self, ds: str, info: FileInfo) -> None:
         self.meta.put((ds, info.path), (info, time.monotonic()))
+
+    def dir_due(self, key: tuple[str, str, str]) -> bool:
+        """Whether to ask a worker for a directory's cached files: never asked, or asked
+        over DIR_RELOCATE seconds ago (files cached since then become visible)."""
+        at = self.dirs_located.get(key)
+        return at is None or time.monotonic() - at > DIR_RELOCATE
 
     def forget(self, ds: str, path: str) -> None:
         self.meta.pop((ds, path), None)

@@ -45,6 +45,10 @@ class PutMeta:
     pin: bool = False
     #: absolute time.time() after which the page expires; 0 = never
     expires_at: float = 0.0
+    #: tiers (mem, ssd, hdd) the dataset allows; empty = any
+    tiers: tuple[str, ...] = ()
+    #: the dataset's eviction policy (lru, lfu, fifo); empty = the tier's default
+    eviction: str = ""
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ from shoal.errors import InvalidArgument
 from shoal.store import layout
 from shoal.store.base import Location, PageStore, PutMeta, Usage
 from shoal.store.catalog import Catalog, FileState
-from shoal.store.eviction import make_policy
+from shoal.store.eviction import PerDataset
 from shoal.store.fds import FdCache
 from shoal.store.index import FileRow, PageEntry, TierIndex
 from shoal.store.largefiles import LargeFiles, data_name
@@ -103,7 +103,9 @@ class DiskTier(PageStore):
         seg_dir = os.path.join(self.root, layout.SEG_DIR)
         segments = SegmentSet(seg_dir, segment_size, self._seg_fds, index)
         large = LargeFiles(self.root, self._large_fds)
-        catalog = Catalog(index, segments, large, make_policy(self.spec.eviction))
+        # each dataset's own policy orders its files; the tier's is the default
+        self._per_dataset = PerDataset(self.spec.eviction)
+        catalog = Catalog(index, segments, large, self._per_dataset)
         try:
             catalog.load()
         except BaseException:
@@ -229,6 +231,8 @@ class DiskTier(PageStore):
             raise InvalidArgument(
                 f"page {key} of {meta} must hold {expected} bytes, got {len(data)}"
             )
+        if meta.eviction:
+            self._per_dataset.set_kind(fk.dataset, meta.eviction)
         st = self._cat.files.get(fk)
         if st is not None and (st.size != size or (large and st.page_size != psize)):
             log.info("tier %s: %s cached with another geometry, replacing it", self.name, fk)

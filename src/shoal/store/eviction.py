@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Iterable
+from collections.abc import Container, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -59,6 +59,10 @@ class EvictionPolicy(ABC, Generic[K]):
     def __contains__(self, key: object) -> bool: ...
 
     @abstractmethod
+    def __iter__(self) -> Iterator[K]:
+        """The units, first victim first."""
+
+    @abstractmethod
     def _sort_key(self, stats: UnitStats) -> tuple[float, ...]:
         """Order in which ``load`` adds units: first added is evicted first."""
 
@@ -96,6 +100,9 @@ class _OrderedPolicy(EvictionPolicy[K]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._order
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self._order))
 
 
 class LRU(_OrderedPolicy[K]):
@@ -177,6 +184,9 @@ class LFU(EvictionPolicy[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._count
 
+    def __iter__(self) -> Iterator[K]:
+        return iter([k for c in sorted(self._buckets) for k in self._buckets[c]])
+
     def _sort_key(self, stats: UnitStats) -> tuple[float, ...]:
         return (stats.last_access, stats.inserted_at)
 
@@ -198,3 +208,86 @@ def make_policy(name: str) -> EvictionPolicy[K]:
         ) from None
     policy: EvictionPolicy[K] = cls()
     return policy
+
+
+class PerDataset(EvictionPolicy[Any]):
+    """Each dataset's units ordered by the dataset's own policy (lru, lfu or fifo).
+
+    The victim comes from the dataset whose units were used least recently (an idle
+    dataset gives way before one a job is reading), and within it the dataset's policy
+    picks. Units are FileKey-like: anything with a ``dataset`` attribute.
+    """
+
+    name = "per-dataset"
+
+    def __init__(self, default: str = "lru") -> None:
+        make_policy(default)  # validate
+        self.default = default
+        self._subs: dict[str, EvictionPolicy[Any]] = {}
+        self._last: dict[str, int] = {}
+        self._tick = 0
+
+    def set_kind(self, dataset: str, kind: str) -> None:
+        """Use ``kind`` for a dataset from now on (its units keep their current order)."""
+        old = self._subs.get(dataset)
+        if old is not None and old.name == kind:
+            return
+        new: EvictionPolicy[Any] = make_policy(kind)
+        for key in old or ():
+            new.add(key)
+        self._subs[dataset] = new
+
+    def _sub(self, dataset: str) -> EvictionPolicy[Any]:
+        sub = self._subs.get(dataset)
+        if sub is None:
+            sub = self._subs[dataset] = make_policy(self.default)
+        return sub
+
+    def _used(self, dataset: str) -> None:
+        self._tick += 1
+        self._last[dataset] = self._tick
+
+    def add(self, key: Any) -> None:
+        self._sub(key.dataset).add(key)
+        self._used(key.dataset)
+
+    def touch(self, key: Any) -> None:
+        sub = self._subs.get(key.dataset)
+        if sub is not None:
+            sub.touch(key)
+            self._used(key.dataset)
+
+    def remove(self, key: Any) -> None:
+        sub = self._subs.get(key.dataset)
+        if sub is not None:
+            sub.remove(key)
+
+    def pop_victim(self, skip: Container[Any] = ()) -> Any | None:
+        for ds in sorted(self._subs, key=lambda d: self._last.get(d, 0)):
+            victim = self._subs[ds].pop_victim(skip)
+            if victim is not None:
+                return victim
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._subs.values())
+
+    def __contains__(self, key: object) -> bool:
+        sub = self._subs.get(getattr(key, "dataset", ""))
+        return sub is not None and key in sub
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([k for s in self._subs.values() for k in s])
+
+    def _sort_key(self, stats: UnitStats) -> tuple[float, ...]:
+        return (stats.last_access, stats.inserted_at)
+
+    def load(self, units: Iterable[tuple[Any, UnitStats]]) -> None:
+        by_ds: dict[str, list[tuple[Any, UnitStats]]] = {}
+        for key, stats in units:
+            by_ds.setdefault(key.dataset, []).append((key, stats))
+        # datasets used longest ago first, so they are the first to give way
+        order = sorted(by_ds, key=lambda d: max(s.last_access for _, s in by_ds[d]))
+        for ds in order:
+            self._sub(ds).load(by_ds[ds])
+            self._used(ds)

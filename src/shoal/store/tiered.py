@@ -72,12 +72,13 @@ class TieredStore(PageStore):
     def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
         if self.contains(key):
             return True
+        allowed = [t for t in self.tiers if not meta.tiers or t.name in meta.tiers]
         holder = None
         if meta.file_size > meta.page_size:
-            holder = next((t for t in self.tiers if t.has_file(key.file)), None)
+            holder = next((t for t in allowed if t.has_file(key.file)), None)
             if holder is not None and holder.put(key, data, meta):
                 return True
-        return any(tier.put(key, data, meta) for tier in self.tiers if tier is not holder)
+        return any(tier.put(key, data, meta) for tier in allowed if tier is not holder)
 
     def contains(self, key: PageKey) -> bool:
         return any(tier.contains(key) for tier in self.tiers)

@@ -215,6 +215,8 @@ class Loader:
             page_size=p.page_size,
             pin=p.pin,
             expires_at=self.clock() + p.ttl if p.ttl else 0.0,
+            tiers=p.tiers,
+            eviction=p.eviction,
         )
 
     def try_cached(
