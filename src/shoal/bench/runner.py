@@ -51,6 +51,9 @@ class Plan:
     mode: str  # "files" | "ranges" | "batches"
     shards: list[list[Any]]  # per process: keys, (key, off, len) or lists of keys
     threads: int = 1
+    #: stop a pass after this many seconds and rate what was done (slow peers on the
+    #: full data set would otherwise take hours); None = always finish
+    cap_s: float | None = None
 
 
 def _child(contender: Contender, plan: Plan, i: int, ready: Any, go: Any, out: Any) -> None:
@@ -66,19 +69,29 @@ def _child(contender: Contender, plan: Plan, i: int, ready: Any, go: Any, out: A
         threads = min(plan.threads, contender.max_threads or plan.threads)
         ready.release()
         go.wait()
+        end = time.perf_counter() + plan.cap_s if plan.cap_s else float("inf")
+        done: list[Any] = []
+
+        def one(x: Any) -> int:
+            if time.perf_counter() > end:
+                return 0
+            n = fn(x)
+            done.append(x)
+            return n
+
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         if threads <= 1:
-            nbytes = sum(fn(x) for x in items)
+            nbytes = sum(one(x) for x in items)
         else:
             with ThreadPoolExecutor(threads) as pool:
-                nbytes = sum(pool.map(fn, items))
+                nbytes = sum(pool.map(one, items))
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-        out.put((i, nbytes, cpu, None))
+        out.put((i, nbytes, cpu, None, done if len(done) < len(items) else None))
         with contextlib.suppress(Exception):
             contender.close_reader()
     except BaseException as exc:  # reported to the parent, which fails the run
-        out.put((i, 0, 0.0, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
+        out.put((i, 0, 0.0, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}", None))
 
 
 def run_plan(
@@ -109,12 +122,15 @@ def run_plan(
             if p.is_alive():
                 p.kill()
                 p.join()
-    errors = [e for (_, _, _, e) in got if e]
+    errors = [g[3] for g in got if g[3]]
     if errors:
         raise RuntimeError(errors[0])
-    nbytes = sum(b for (_, b, _, _) in got)
-    files = sum(files_per_item(x) for shard in plan.shards for x in shard)
-    return Sample(secs, files, nbytes, sum(c for (_, _, c, _) in got) + dcpu)
+    nbytes = sum(g[1] for g in got)
+    files = 0
+    for g in got:  # a capped pass counts only what it read
+        items = g[4] if g[4] is not None else plan.shards[g[0]]
+        files += sum(files_per_item(x) for x in items)
+    return Sample(secs, files, nbytes, sum(g[2] for g in got) + dcpu)
 
 
 def shuffled(keys: list[str], seed: int) -> list[str]:
@@ -124,7 +140,13 @@ def shuffled(keys: list[str], seed: int) -> list[str]:
 
 
 def epoch(
-    contender: Contender, keys: list[str], procs: int, threads: int, seed: int, batch: int = 64
+    contender: Contender,
+    keys: list[str],
+    procs: int,
+    threads: int,
+    seed: int,
+    batch: int = 64,
+    cap_s: float | None = None,
 ) -> Sample:
     """One shuffled pass over ``keys`` split across ``procs`` reader processes."""
     order = shuffled(keys, seed)
@@ -133,19 +155,25 @@ def epoch(
         bshards: list[list[Any]] = [
             [s[j : j + batch] for j in range(0, len(s), batch)] for s in shards
         ]
-        return run_plan(contender, Plan("batches", bshards, 1), len)
-    return run_plan(contender, Plan("files", list(shards), threads), lambda _: 1)
+        return run_plan(contender, Plan("batches", bshards, 1, cap_s), len)
+    return run_plan(contender, Plan("files", list(shards), threads, cap_s), lambda _: 1)
 
 
 def ranges(
-    contender: Contender, key: str, size: int, chunk: int, sequential: bool, seed: int
+    contender: Contender,
+    key: str,
+    size: int,
+    chunk: int,
+    sequential: bool,
+    seed: int,
+    cap_s: float | None = None,
 ) -> Sample:
     """One pass of ``chunk``-sized reads over one file, in order or shuffled."""
     offs = list(range(0, size, chunk))
     if not sequential:
         random.Random(seed).shuffle(offs)
     items = [(key, o, min(chunk, size - o)) for o in offs]
-    s = run_plan(contender, Plan("ranges", [items], 1), lambda _: 1)
+    s = run_plan(contender, Plan("ranges", [items], 1, cap_s), lambda _: 1)
     s.files = 1
     return s
 
@@ -178,3 +206,17 @@ def metadata(
     st = run_plan(_S(contender.env), Plan("batches", [[stat_keys]], 1), len)
     st.files, st.nbytes = st.nbytes, 0
     return lst, st
+
+
+def epoch_capped(
+    cap_s: float, contender: Contender, keys: list[str], procs: int, threads: int, seed: int
+) -> Sample:
+    """:func:`epoch` stopped after ``cap_s`` seconds."""
+    return epoch(contender, keys, procs, threads, seed, cap_s=cap_s)
+
+
+def ranges_capped(
+    cap_s: float, contender: Contender, key: str, size: int, chunk: int, seq: bool, seed: int
+) -> Sample:
+    """:func:`ranges` stopped after ``cap_s`` seconds."""
+    return ranges(contender, key, size, chunk, seq, seed, cap_s=cap_s)

@@ -47,6 +47,10 @@ class Config:
     train_batch: int = 32
     train_step_ms: float = 10.0
     meta_stats: int = 2_000
+    #: seconds after which a warm or random pass stops and is rated on what it read (the
+    #: slowest peers would otherwise need hours); cold passes that fill a cache always
+    #: run to the end, so warm passes find everything cached
+    cap_s: float = 60.0
     contenders: list[str] = field(default_factory=list)  # empty: all available
     workloads: list[str] = field(default_factory=list)  # empty: all
 
@@ -56,7 +60,7 @@ class Config:
             base = dict(
                 quick=True, store="moto", small_files=2_000, mix_files=150,
                 large_size=64 << 20, procs=2, warm_reps=3, cold_reps=1,
-                train_samples=1_000, meta_stats=500,
+                train_samples=1_000, meta_stats=500, cap_s=10.0,
             )  # fmt: skip
             base.update(kw)
             return cls(**base)  # type: ignore[arg-type]
@@ -282,13 +286,29 @@ class Suite:
                             self._measure(
                                 "small-100KB warm p1",
                                 c,
-                                partial(runner.epoch, c, small, 1, warm_threads, 200 + i),
+                                partial(
+                                    runner.epoch_capped,
+                                    self.cfg.cap_s,
+                                    c,
+                                    small,
+                                    1,
+                                    warm_threads,
+                                    200 + i,
+                                ),
                                 False,
                             )
                         self._measure(
                             f"small-100KB warm p{n}",
                             c,
-                            partial(runner.epoch, c, small, n, warm_threads, 300 + i),
+                            partial(
+                                runner.epoch_capped,
+                                self.cfg.cap_s,
+                                c,
+                                small,
+                                n,
+                                warm_threads,
+                                300 + i,
+                            ),
                             False,
                         )
             if not cfg.quick:
@@ -310,7 +330,7 @@ class Suite:
                 self._measure(
                     f"mix-10KB-5MB warm p{n}",
                     c,
-                    partial(runner.epoch, c, mix, n, warm_threads, 600 + i),
+                    partial(runner.epoch_capped, self.cfg.cap_s, c, mix, n, warm_threads, 600 + i),
                     False,
                 )
         if self._want("large") and not c.batch and spec.large_size:
@@ -322,7 +342,7 @@ class Suite:
                 self._measure(
                     "large seq warm",
                     c,
-                    partial(runner.ranges, c, key, size, 1 << 20, True, 0),
+                    partial(runner.ranges_capped, self.cfg.cap_s, c, key, size, 1 << 20, True, 0),
                     False,
                 )
                 if remote:  # the same remote ranged reads as cold
@@ -330,14 +350,18 @@ class Suite:
                 self._measure(
                     "large rand warm",
                     c,
-                    partial(runner.ranges, c, key, size, 1 << 20, False, 700 + i),
+                    partial(
+                        runner.ranges_capped, self.cfg.cap_s, c, key, size, 1 << 20, False, 700 + i
+                    ),
                     False,
                 )
             if not cfg.quick:
                 self._measure(
                     "large rand cold",
                     c,
-                    partial(runner.ranges, c, key, size, 1 << 20, False, 800),
+                    partial(
+                        runner.ranges_capped, self.cfg.cap_s, c, key, size, 1 << 20, False, 800
+                    ),
                     True,
                 )
         if self._want("meta") and c.lister() is not None:
@@ -432,7 +456,7 @@ class Suite:
                     "raw parallel GETs straight to the store (no tbf, no delay)"
                 )
                 self._measure(f"small-100KB cold p{self.cfg.procs}", b,
-                              partial(runner.epoch, b, self.spec.keys("small"), self.cfg.procs, self.cfg.cold_threads, 100), True)  # fmt: skip
+                              partial(runner.epoch_capped, self.cfg.cap_s, b, self.spec.keys("small"), self.cfg.procs, self.cfg.cold_threads, 100), True)  # fmt: skip
             for c in cs:
                 self.say(f"[{c.name}]")
                 try:
