@@ -307,3 +307,26 @@ def test_job_stop_and_resume_and_bad_input(
         r = shoal(cluster, *args, ok=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_metadata_load_of_a_large_listing(cluster: TestCluster, tmp_path: Path) -> None:
+    """A listing bigger than a default HTTP body limit (tens of thousands of files)."""
+    root = tmp_path / "many"
+    for d in range(25):
+        (root / f"d{d:02d}").mkdir(parents=True)
+        for i in range(1000):
+            os.close(
+                os.open(
+                    root / f"d{d:02d}" / f"file-with-a-long-name-{i:06d}.jpg",
+                    os.O_CREAT | os.O_WRONLY,
+                    0o644,
+                )
+            )
+    with cluster.client() as c:
+        c.create_dataset("many", [Mount("data", root.as_uri())])
+    r = json.loads(shoal(cluster, "load", "/many", "--metadata-only", "--wait", "--json").stdout)
+    assert r["state"] == "done"
+    with cluster.client() as c:
+        assert len(c.ls("/many/data/d07")) == 1000
+        d = next(x for x in c.report()["datasets"] if x["name"] == "many")
+        assert d["store_files"] == 25_000

@@ -252,6 +252,18 @@ async def test_version_stable_then_changes(backend: Backend) -> None:
     assert await backend.store.read("a.txt", 0, 11, v2) == b"a different"
 
 
+async def test_read_head_agrees_with_info_and_read(backend: Backend) -> None:
+    """One request's info and bytes must match info() and read(): pages are keyed by it."""
+    s, data = backend.store, FILES["dir/b.bin"]
+    info, head = await s.read_head("dir/b.bin", 100)
+    want = await s.info("dir/b.bin")
+    assert (info.size, info.version) == (want.size, want.version)
+    assert head == data[:100]
+    assert await s.read("dir/b.bin", 100, 200, info.version) == data[100:200]
+    whole_info, whole = await s.read_head("a.txt", 1 << 20)
+    assert whole == b"hello world" and whole_info.size == 11
+
+
 async def test_read_with_stale_version_raises(backend: Backend) -> None:
     v1 = (await backend.store.info("z.txt")).version
     backend.put("z.txt", b"changed and longer")

@@ -41,7 +41,7 @@ def load_job(master: str, dataset: str, timeout: float = 3600) -> tuple[Sample, 
 
 def make_tree(root: Path, files: int, per_dir: int = 1000) -> None:
     """``files`` empty files in directories of ``per_dir`` (reused across runs)."""
-    marker = root / f".made-{files}"
+    marker = root.parent / f".{root.name}-made-{files}"  # outside: not a dataset file
     if marker.exists():
         return
     shutil.rmtree(root, ignore_errors=True)

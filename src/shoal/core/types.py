@@ -108,7 +108,7 @@ class CachePolicy:
     #: seconds a cached stat/listing is trusted; NEVER (-1) = until explicit sync; 0 = always ask
     staleness: float = float(NEVER)
     #: pages fetched ahead of a sequential reader
-    readahead: int = 4
+    readahead: int = 16
 
     def __post_init__(self) -> None:
         if self.placement not in ("hash", "local"):

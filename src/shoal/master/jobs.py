@@ -30,6 +30,8 @@ log = logging.getLogger("shoal.master.jobs")
 
 #: seconds a claimed task may go without a progress report before it is handed out again
 LEASE = 30.0
+#: missed leases after which a task is given up (its files, or its job, fail)
+MAX_ATTEMPTS = 3
 #: finished jobs kept for `shoal job ls`
 KEEP_FINISHED = 200
 
@@ -49,6 +51,8 @@ class JobManager:
         self._set_manifest = set_manifest
         self._clock = clock
         self._manifests: dict[str, tuple[str, Manifest]] = {}
+        #: missed leases per task (since this master started)
+        self._missed: dict[int, int] = {}
         #: called whenever new tasks can be claimed (wakes long-polling workers)
         self.on_tasks: Callable[[], None] = lambda: None
         for t in state.tasks("WHERE state = ?", (J.T_RUNNING,)):
@@ -375,11 +379,7 @@ class JobManager:
         for t in self.state.tasks("WHERE state IN (?, ?)", (J.T_PENDING, J.T_RUNNING)):
             if t.worker in live:
                 if t.state == J.T_RUNNING and t.lease < now:
-                    log.warning(
-                        "task %d on %s missed its lease; handing it out again", t.id, t.worker
-                    )
-                    t.state = J.T_PENDING
-                    self.state.put_task(t)
+                    self._lease_missed(t)
                     changed = True
                 continue
             if not live:
@@ -391,6 +391,28 @@ class JobManager:
         self._run_schedules(now)
         if changed:
             self.on_tasks()
+
+    def _lease_missed(self, t: Task) -> None:
+        """Hand a task out again; after MAX_ATTEMPTS missed leases give up on it, so a
+        task that can never finish (a result the master refuses) fails its job instead
+        of running forever."""
+        n = self._missed[t.id] = self._missed.get(t.id, 0) + 1
+        if n < MAX_ATTEMPTS:
+            log.warning("task %d on %s missed its lease; handing it out again", t.id, t.worker)
+            t.state = J.T_PENDING
+            self.state.put_task(t)
+            return
+        why = f"task {t.id} on {t.worker} missed its lease {n} times"
+        log.error("%s: giving up on it", why)
+        t.state = J.T_DONE
+        if t.kind == J.T_LOAD:
+            failures = [[i[0], why] for i in t.items[: J.MAX_FAILURES]]
+            t.progress.add(Progress(files_failed=len(t.items), failures=failures))
+        self.state.put_task(t)
+        if t.kind == J.T_LIST:
+            job = self._job(t.job)
+            job.state, job.error, job.finished = J.FAILED, why, self._clock()
+            self.state.put_job(job)
 
     def _reassign(self, t: Task, ring: Ring) -> None:
         job = self._job(t.job)

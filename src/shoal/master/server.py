@@ -40,6 +40,8 @@ from shoal.proto import control
 log = logging.getLogger("shoal.master.server")
 
 _SERVICE: web.AppKey[MasterService] = web.AppKey("service", MasterService)
+#: largest request body the master accepts
+MAX_BODY = 1 << 30
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -137,7 +139,8 @@ async def _report(request: web.Request) -> web.Response:
 
 def make_app(service: MasterService) -> web.Application:
     """The aiohttp application serving ``service`` (no socket bound yet)."""
-    app = web.Application(middlewares=[_errors])
+    # listing results of a million files arrive in one task report (~70 MB of msgpack)
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
     app[_SERVICE] = service
     registry = make_registry(service.snapshot)
 

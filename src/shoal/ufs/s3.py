@@ -30,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import configparser
 import contextlib
+import email.utils
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -38,10 +40,11 @@ from fsspec.spec import AbstractFileSystem
 
 from shoal.core.types import FileInfo
 from shoal.errors import CredentialsError, InvalidArgument
-from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy
+from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, call_with_retry
 from shoal.ufs.fsspec_driver import FsspecStore, check_range
 from shoal.ufs.options import check_known, opt_bool, opt_choice
 from shoal.ufs.paths import clean_rel, join, mtime_of, relative, version_of
+from shoal.ufs.s3get import FastGet
 
 log = logging.getLogger("shoal.ufs.s3")
 
@@ -104,6 +107,8 @@ class S3Store(FsspecStore):
         super().__init__(f"s3://{bucket_path}", bucket_path, self._build, retry=retry)
         self.scheme = "s3"
         self._bucket, _, self._prefix = bucket_path.partition("/")
+        self._fast: FastGet | None = None
+        self._fast_tried = False
 
     def _build(self, loop: asyncio.AbstractEventLoop) -> AbstractFileSystem:
         import s3fs
@@ -146,11 +151,63 @@ class S3Store(FsspecStore):
     def _key(self, rel: str) -> str:
         return join(self._prefix, rel) if self._prefix else clean_rel(rel)
 
+    def _fast_get(self) -> FastGet | None:
+        """The lean GET path (see shoal.ufs.s3get) where it applies: path-style requests
+        to an explicit endpoint, with credentials resolved the way s3fs would."""
+        if self._fast is not None or self._fast_tried:
+            return self._fast
+        self._fast_tried = True
+        if not self._endpoint or self._addressing != "path":
+            return None
+        creds: dict[str, str] | None = None
+        if self._cred_file:
+            creds = read_credentials(self._cred_file, self._profile)
+        elif not self._anon:
+            import botocore.session
+
+            found = botocore.session.Session(profile=self._profile).get_credentials()
+            if found is None:
+                return None  # the s3fs path raises the proper CredentialsError
+            frozen = found.get_frozen_credentials()
+            creds = {"key": frozen.access_key, "secret": frozen.secret_key}
+            if frozen.token:
+                creds["token"] = frozen.token
+        if creds is not None:
+            self._scrub[:] = list(creds.values())
+        region = (
+            self._region
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+        )
+        self._fast = FastGet(self._endpoint, self._bucket, region, creds)
+        return self._fast
+
+    async def _get(
+        self, rel: str, start: int, end: int | None, version: str | None
+    ) -> tuple[Any, bytes] | None:
+        """One GET on the lean path: (headers, body), or None for an empty range (416)."""
+        fast = self._fast_get()
+        assert fast is not None
+        key = self._key(rel)
+
+        async def once() -> Any:
+            return await fast.get(key, start, end, version)
+
+        reply = await call_with_retry(once, self._where(rel), policy=self._retry, scrub=self._scrub)
+        if reply.status == 416:
+            return None
+        return reply.headers, reply.body  # case-insensitive: servers spell ETag their way
+
     async def read(self, path: str, start: int, end: int, version: str | None = None) -> bytes:
         rel = clean_rel(path)
         check_range(start, end)
         if start == end:
             return b""
+        if self._fast_get() is not None:
+            got = await self._get(rel, start, end - 1, version)
+            if got is None and version is not None:
+                await self._check_version(rel, version)
+            return b"" if got is None else got[1]
         kw: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key(rel)}
         kw["Range"] = f"bytes={start}-{end - 1}"
         if version is not None:
@@ -178,6 +235,21 @@ class S3Store(FsspecStore):
         """One ranged GET: its ETag, Content-Range total and body give info and data,
         so a cold small file costs one request, like a plain GET."""
         rel = clean_rel(path)
+        if self._fast_get() is not None:
+            got = await self._get(rel, 0, max(0, length - 1), None)
+            if got is None:
+                return await self.info(rel), b""
+            headers, body = got
+            total = str(headers.get("Content-Range") or "").rpartition("/")[2]
+            size = int(total) if total.isdigit() else len(body)
+            mtime = 0.0
+            lm = headers.get("Last-Modified")
+            if lm:
+                with contextlib.suppress(TypeError, ValueError):
+                    mtime = email.utils.parsedate_to_datetime(lm).timestamp()
+            etag = str(headers.get("ETag") or "")
+            info = FileInfo(rel, size, version_of({"ETag": etag}, size, mtime), mtime, False)
+            return info, body
         kw: dict[str, Any] = {
             "Bucket": self._bucket,
             "Key": self._key(rel),
@@ -246,6 +318,8 @@ class S3Store(FsspecStore):
         )
 
     async def close(self) -> None:
+        if self._fast is not None:
+            await self._fast.close()
         fs, self._fs = self._fs, None
         creator = getattr(fs, "_s3creator", None)
         if creator is None:

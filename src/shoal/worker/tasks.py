@@ -123,6 +123,12 @@ class TaskRunner:
                 else:
                     req = self._http().post(url, json=body)
                 async with req as r:
+                    if r.status >= 400:
+                        # a refused report is not retried: the master said no for good
+                        log.error(
+                            "task %s report refused: %s %s", tid, r.status, (await r.text())[:200]
+                        )
+                        return True
                     reply = await r.json()
                     return bool(reply.get("stop", False))
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
