@@ -197,6 +197,20 @@ class Boto3(Contender):
         return ls, lambda k: int(s3.head_object(Bucket=bucket, Key=k)["ContentLength"])
 
 
+def _ranges_through(fs: Any, bucket: str) -> RangeFn:
+    """Ranged reads through an fsspec filesystem, one open file object per key."""
+    files: dict[str, Any] = {}
+
+    def read(key: str, off: int, n: int) -> int:
+        f = files.get(key)
+        if f is None:
+            f = files[key] = fs.open(f"{bucket}/{key}", "rb")
+        f.seek(off)
+        return len(f.read(n))
+
+    return read
+
+
 def _s3fs(endpoint: str) -> Any:
     import s3fs
 
@@ -220,17 +234,7 @@ class S3fs(Contender):
         return lambda key: len(fs.cat_file(f"{b}/{key}"))
 
     def range_reader(self) -> RangeFn:
-        fs, b = _s3fs(self.env.endpoint), self.env.bucket
-        files: dict[str, Any] = {}
-
-        def read(key: str, off: int, n: int) -> int:
-            f = files.get(key)
-            if f is None:
-                f = files[key] = fs.open(f"{b}/{key}", "rb")
-            f.seek(off)
-            return len(f.read(n))
-
-        return read
+        return _ranges_through(_s3fs(self.env.endpoint), self.env.bucket)
 
     def lister(self) -> tuple[Callable[[str], int], Callable[[str], int]]:
         fs, b = _s3fs(self.env.endpoint), self.env.bucket
@@ -286,17 +290,7 @@ class _FsspecCache(Contender):
         return read
 
     def range_reader(self) -> RangeFn:
-        fs, b = self._fs(), self.env.bucket
-        files: dict[str, Any] = {}
-
-        def read(key: str, off: int, n: int) -> int:
-            f = files.get(key)
-            if f is None:
-                f = files[key] = fs.open(f"{b}/{key}", "rb")
-            f.seek(off)
-            return len(f.read(n))
-
-        return read
+        return _ranges_through(self._fs(), self.env.bucket)
 
 
 @register
