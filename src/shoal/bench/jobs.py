@@ -19,14 +19,16 @@ from typing import Any
 from shoal.bench.stats import Sample
 
 
-def load_job(master: str, dataset: str, timeout: float = 3600) -> tuple[Sample, dict[str, Any]]:
-    """Run a load job of the whole dataset and time it to its end."""
+def load_job(
+    master: str, dataset: str, path: str = "", timeout: float = 3600
+) -> tuple[Sample, dict[str, Any]]:
+    """Run a load job of a path of the dataset ("" = all of it) and time it to its end."""
     from shoal.client import Client
 
     with Client(master) as c:
         t0 = time.perf_counter()
         cpu0 = os.times()
-        job = c.submit_job({"kind": "load", "dataset": dataset, "paths": [""]})
+        job = c.submit_job({"kind": "load", "dataset": dataset, "paths": [path]})
         deadline = time.monotonic() + timeout
         while True:
             v = c.job(job["id"])

@@ -416,7 +416,8 @@ class Suite:
         if self._want("load"):
             self.shoal_cold()
             try:
-                s, view = jobs.load_job(self.env.master, self.env.dataset)
+                # the same files the raw-GET reference reads: the 100 KB set only
+                s, view = jobs.load_job(self.env.master, self.env.dataset, "data/small")
                 self.report.add("small-100KB load", "shoal-load", s,
                                 f"{view['files_done']} loaded, {view['files_failed']} failed")  # fmt: skip
                 self.say(f"  load {'':19} shoal-load {s.files / s.seconds:14,.0f} files/s "
