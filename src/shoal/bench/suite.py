@@ -197,7 +197,9 @@ class Suite:
         self.cluster_gen += 1
         d = self.cfg.workdir / f"shoal-{self.cluster_gen}"
         shutil.rmtree(d, ignore_errors=True)
-        c = LocalCluster(d, workers=1, disk="24GiB", env=self.env.s3_env)
+        # as many requests in flight to the store as the raw-GET reference keeps
+        inflight = self.cfg.procs * self.cfg.cold_threads
+        c = LocalCluster(d, workers=1, disk="24GiB", env=self.env.s3_env, ufs_concurrency=inflight)
         self.cluster = c
         c.start()
         self.env.master = c.master_url

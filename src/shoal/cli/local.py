@@ -53,6 +53,8 @@ class LocalCluster:
     mem: str = "0"
     disk: str = "4GiB"
     host: str = "127.0.0.1"
+    #: concurrent under-storage requests per worker
+    ufs_concurrency: int = 32
     heartbeat: float = 1.0
     expiry: float = 5.0
     #: extra environment for the processes (e.g. AWS credentials for a test store)
@@ -134,6 +136,8 @@ class LocalCluster:
                 str(wdir),
                 "--url-file",
                 str(url_file),
+                "--ufs-concurrency",
+                str(self.ufs_concurrency),
                 *tiers,
             ],
         )
