@@ -10,7 +10,6 @@ import urllib.request
 import pytest
 
 from shoal.client import Client
-from shoal.core.types import Mount
 from shoal.testing.cluster import TestCluster, sample_files
 from shoal.testing.s3 import MotoServer, make_bucket
 
@@ -20,8 +19,7 @@ pytestmark = pytest.mark.integration
 def _seed(moto: MotoServer, cluster: TestCluster, bucket: str, n: int = 40) -> dict[str, bytes]:
     files = sample_files(n, 100, 80_000, seed=21)
     make_bucket(moto.endpoint, bucket, files)
-    with cluster.client() as c:
-        c.create_dataset("ds", [Mount("data", f"s3://{bucket}", {"endpoint_url": moto.endpoint})])
+    cluster.s3_dataset(bucket, moto.endpoint)
     return {f"/ds/data/{k}": v for k, v in files.items()}
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from shoal.client import AsyncClient
 from shoal.config import ClientSettings
-from shoal.core.types import Mount
 from shoal.testing.cluster import TestCluster, sample_files
 from shoal.testing.s3 import CountingProxy, MotoServer, make_bucket
 
@@ -35,12 +34,7 @@ def seed(
     options: dict[str, str] | None = None,
 ) -> None:
     make_bucket(moto.endpoint, bucket, files)
-    with cluster.client() as c:
-        c.create_dataset(
-            name,
-            [Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint or moto.endpoint})],
-            options,
-        )
+    cluster.s3_dataset(bucket, endpoint or moto.endpoint, options, name)
 
 
 def test_reads_are_byte_exact_on_every_path(

@@ -32,10 +32,7 @@ def shoal(cluster: TestCluster, *args: str, ok: bool = True) -> subprocess.Compl
 
 
 def create(cluster: TestCluster, bucket: str, endpoint: str, **options: str) -> None:
-    with cluster.client() as c:
-        c.create_dataset(
-            "ds", [Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint})], options
-        )
+    cluster.s3_dataset(bucket, endpoint, options)
 
 
 def wait_job(cluster: TestCluster, job_id: str, timeout: float = 120) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from shoal.cli.local import LocalCluster
 from shoal.client import Client
 from shoal.config import ClientSettings
 from shoal.core.types import Mount
-from shoal.testing.s3 import CREDENTIALS, make_bucket
+from shoal.testing.s3 import CREDENTIALS
 
 #: environment that lets shoal's processes talk to moto with its dummy credentials
 S3_ENV = {
@@ -70,9 +70,13 @@ class TestCluster(LocalCluster):
     def stop_master(self, sig: int = signal.SIGTERM) -> None:
         self.stop_process("master", sig)
 
-    def seed_s3(self, endpoint: str, bucket: str, files: dict[str, bytes]) -> Mount:
-        make_bucket(endpoint, bucket, files)
-        return Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint})
+    def s3_dataset(
+        self, bucket: str, endpoint: str, options: dict[str, str] | None = None, name: str = "ds"
+    ) -> None:
+        """Create dataset ``name`` with one mount ``data`` over ``s3://bucket`` at ``endpoint``."""
+        with self.client() as c:
+            mount = Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint})
+            c.create_dataset(name, [mount], options)
 
 
 def start_cluster(dir: Path, workers: int = 2, **kw: object) -> TestCluster:

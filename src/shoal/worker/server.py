@@ -113,8 +113,7 @@ class DataService:
             return self._touch(args[0], args[1])
         if op == Op.DROP:
             key = FileKey(args[0], args[1], args[2]).page(int(args[3]))
-            self.loader.store.drop_corrupt(key)
-            self.stats.corrupt_reports += 1
+            self.loader.store.drop_corrupt(key)  # counted by the store
             return Reply({})
         if op == Op.HELLO:
             return Reply(

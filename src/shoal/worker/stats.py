@@ -23,10 +23,6 @@ class DatasetCounters:
 class Stats:
     def __init__(self) -> None:
         self.datasets: dict[str, DatasetCounters] = {}
-        self.ufs_requests = 0
-        self.ufs_errors = 0
-        self.corrupt_reports = 0
-        self.fallback_pages = 0
 
     def _ds(self, name: str) -> DatasetCounters:
         c = self.datasets.get(name)
