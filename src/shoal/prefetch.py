@@ -192,6 +192,9 @@ class Prefetcher:
         hi = min(len(self._order), self._cursor + self.depth, lo + self.batch)
         if lo >= hi or self._inflight is not None:
             return None
-        if self._mem_bytes >= self.max_bytes and lo > self._cursor:
-            return None  # memory is full and the consumer is not waiting for ``lo``
+        if lo > self._cursor:  # the consumer is not waiting for ``lo``
+            if self._mem_bytes >= self.max_bytes:
+                return None  # memory is full
+            if hi - lo < self.batch // 2 and hi < len(self._order):
+                return None  # refill in batches, not a file each time the consumer moves
         return lo, hi

@@ -327,3 +327,40 @@ def test_metadata_load_of_a_large_listing(cluster: TestCluster, tmp_path: Path) 
         assert len(c.ls("/many/data/d07")) == 1000
         d = next(x for x in c.report()["datasets"] if x["name"] == "many")
         assert d["store_files"] == 25_000
+
+
+def test_new_readers_locate_the_dataset_once_and_never_see_a_stale_answer(
+    moto: MotoServer, cluster: TestCluster, bucket: str
+) -> None:
+    files = sample_files(600, 10, 20_000, seed=35)  # 6 directories
+    make_bucket(moto.endpoint, bucket, files)
+    create(cluster, bucket, moto.endpoint)
+    shoal(cluster, "load", "/ds", "--wait")
+    order = sorted(files)
+    random.Random(1).shuffle(order)
+
+    def epoch(expect: dict[str, bytes]) -> tuple[dict[str, int], list[Any]]:
+        """A new reader (a fresh DataLoader worker) reads every file once."""
+        with cluster.client() as c:
+            for k in order:
+                if k in expect:
+                    assert c.read(f"/ds/data/{k}") == expect[k], k
+            return c.counters(), list(c.cache.dirs_located)
+
+    for _ in range(2):  # the second reader gets the answers the workers kept
+        counters, located = epoch(files)
+        # no per-file round trip: three directories, then the whole dataset, per worker
+        assert counters["local"] == 0 and counters["remote"] == 0
+        assert counters["short_circuit"] == len(files)
+        assert len({k[0] for k in located if k[2] is None}) == 2  # once per worker
+        assert len([k for k in located if k[2] is not None]) <= 2 * 3
+
+    # what the workers kept must follow frees, changes and syncs
+    r = json.loads(shoal(cluster, "free", "/ds/data/002", "--wait", "--json").stdout)
+    assert r["state"] == "done"
+    counters, _ = epoch(files)
+    assert counters["short_circuit"] <= len(files) - 100  # the freed files were not handed out
+    key = "001/f000100.bin"
+    s3_client(moto.endpoint).put_object(Bucket=bucket, Key=key, Body=b"new contents")
+    shoal(cluster, "sync", "/ds/data/001", "--wait")
+    counters, _ = epoch({**files, key: b"new contents"})

@@ -260,3 +260,36 @@ def test_unreadable_index_starts_empty(tier_dir: str, opened: list[DiskTier]) ->
     t = open_tier(opened, tier_dir)
     assert t.usage().files == 0 and t.get(fkey("a").page(0)) is None
     assert put_file(t, fkey("b"), b"b") and t.get(fkey("b").page(0)) == b"b"
+
+
+def test_changes_move_with_locations_and_not_with_reads(
+    tier_dir: str, opened: list[DiskTier]
+) -> None:
+    t = open_tier(opened, tier_dir, capacity=64 * PAGE)  # lru
+    a, b = fkey("a"), fkey("b")
+    c0 = t.changes()
+    assert c0 is not None
+    put_file(t, a, blob(1, 100))
+    put_file(t, b, blob(2, 100))
+    c1 = t.changes()
+    assert c1 is not None and c1 > c0
+    for _ in range(3):  # reads, locates, peeks and touches move nothing
+        t.get(a.page(0))
+        t.locate(a.page(0))
+        t.peek(b.page(0))
+        assert t.touch(b.page(0))
+    assert t.changes() == c1
+    # peek does not count an access, touch does: "b" is evicted while "a" stays
+    i = 0
+    while t.contains(b.page(0)):
+        put_file(t, fkey(f"x{i}"), blob(10 + i, PAGE))
+        t.touch(a.page(0))
+        t.peek(b.page(0))
+        i += 1
+        assert i < 100
+    assert t.contains(a.page(0))
+    assert t.changes() != c1
+    assert not t.touch(b.page(0))
+    c2 = t.changes()
+    t.delete(a)
+    assert t.changes() != c2

@@ -49,6 +49,9 @@ log = logging.getLogger("shoal.client")
 
 #: bytes of already cached pages past a located range a worker also hands over
 LOCATE_AHEAD = 64 << 20
+#: after this many directories located, a reader asks for the whole dataset's cached
+#: files (one answer instead of one per directory: a training epoch reads them all)
+DATASET_LOCATE_AFTER = 3
 #: seconds a worker that failed to answer is skipped
 SUSPECT_FOR = 5.0
 #: owners tried beyond the dataset's replicas before falling back to under storage
@@ -389,8 +392,7 @@ class AsyncClient:
             if self.cache.dir_due((w.id, ds.name, directory)):
                 # a new reader (a fresh DataLoader worker) learns a whole directory's
                 # cached files in one round trip instead of one per file
-                self.cache.dirs_located[(w.id, ds.name, directory)] = time.monotonic()
-                await self._locate_dir(w, ds, directory)
+                await self._locate(w, ds, [directory])
                 fast = read_located(self.cache, ds, path, offset, length)
                 if fast is not None:
                     return fast
@@ -441,28 +443,50 @@ class AsyncClient:
         # the worker counted this read when it answered: no touch for it
         return read_located(c, ds, path, offset, length, touch=False)
 
-    async def _locate_dir(self, w: WorkerAddr, ds: Dataset, directory: str) -> None:
+    async def _locate(self, w: WorkerAddr, ds: Dataset, directories: list[str]) -> None:
+        """Learn the cached files of these directories from a local worker. A reader that
+        goes on to a third directory is taken to read the dataset at large (a training
+        epoch) and asks once for the whole dataset's instead, if it is small enough."""
+        c = self.cache
+        now = time.monotonic()
+        whole = (w.id, ds.name, None)
+        asked = c.dir_asks.get((w.id, ds.name), 0) + len(directories)
+        c.dir_asks[(w.id, ds.name)] = asked
+        for d in directories:
+            c.dirs_located[(w.id, ds.name, d)] = now
+        if whole not in c.dirs_located and asked >= DATASET_LOCATE_AFTER:
+            c.dirs_located[whole] = now
+            if await self._locate_dir(w, ds, None):
+                return
+        await asyncio.gather(*(self._locate_dir(w, ds, d) for d in directories))
+
+    async def _locate_dir(self, w: WorkerAddr, ds: Dataset, directory: str | None) -> bool:
+        """Install a LOCATE_DIR answer; whether it held every cached file asked for."""
         try:
             resp = await self._call(w, Op.LOCATE_DIR, [ds.name, directory], True)
         except (Unavailable, ProtocolError) as exc:
             log.debug("LOCATE_DIR on %s failed: %s", w.id, exc)
-            return
+            return False
         m = resp.meta
         ids = [tuple(x) for x in m.get("fds", [])]
         c = self.cache
         if len(resp.fds) != len(ids):
             for fd in resp.fds:
                 os.close(fd)
-            return
+            return False
+        keys = []
         for key, fd in zip(ids, resp.fds, strict=True):
-            c.add_fd(key, fd)
+            keys.append(c.add_fd(key, fd))
+        meta, locs, name, wid, now = c.meta, c.locs, ds.name, w.id, time.monotonic()
         for path, v, size, slot, off, n, ck in m["items"]:
-            known = c.meta.get((ds.name, path))
-            if known is not None and known[0].version != v:
-                continue  # this process already reads another version of it
+            mk = (name, path)
+            known = meta.get(mk)
             if known is None:
-                c.remember(ds.name, FileInfo(path, size, v))
-            c.locs[(ds.name, path, v, 0)] = PageLoc(ids[slot], off, n, ck, w.id)
+                meta.put(mk, (FileInfo(path, size, v), now))
+            elif known[0].version != v:
+                continue  # this process already reads another version of it
+            locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid)
+        return bool(m.get("full", True)) and (directory is not None or bool(m["items"]))
 
     async def _report_corrupt(
         self, w: WorkerAddr, ds: Dataset, path: str, version: str, index: int
@@ -582,13 +606,13 @@ class AsyncClient:
                     todo.add((wid, dsname, d))
         if not todo:
             return
-        now = time.monotonic()
-        for key in todo:
-            self.cache.dirs_located[key] = now
+        by_worker: dict[tuple[str, str], list[str]] = {}
+        for wid, dsname, d in todo:
+            by_worker.setdefault((wid, dsname), []).append(d)
         await asyncio.gather(
             *(
-                self._locate_dir(self.cache.workers[wid], self.cache.datasets[dsname][0], d)
-                for wid, dsname, d in todo
+                self._locate(self.cache.workers[wid], self.cache.datasets[dsname][0], dirs)
+                for (wid, dsname), dirs in by_worker.items()
             )
         )
         for (dsname, _), items in groups.items():

@@ -101,8 +101,11 @@ class ClientCache:
     fds: dict[tuple[int, int], int] = field(default_factory=dict)
     #: short-circuit hits not yet reported: (worker, dataset, path, version, pages, bytes)
     touch_log: list[tuple[str, str, str, str, int, int]] = field(default_factory=list)
-    #: (worker, dataset, directory) whose cached files this process has located
-    dirs_located: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: (worker, dataset, directory) whose cached files this process has located, and
+    #: when; directory None: the whole dataset's
+    dirs_located: dict[tuple[str, str, str | None], float] = field(default_factory=dict)
+    #: (worker, dataset) -> how many directories this process asked it to locate
+    dir_asks: dict[tuple[str, str], int] = field(default_factory=dict)
     #: located pages whose checksum this process has checked
     verified: set[LocKey] = field(default_factory=set)
     counters: Counters = field(default_factory=Counters)
@@ -139,13 +142,15 @@ class ClientCache:
             self.locs.pop(k, None)
             self.verified.discard(k)
 
-    def add_fd(self, key: tuple[int, int], fd: int) -> None:
+    def add_fd(self, key: tuple[int, int], fd: int) -> tuple[int, int]:
+        """Keep a handed-over descriptor (closing it if one of that file is held)."""
         if key in self.fds:
             os.close(fd)
-            return
+            return key
         if len(self.fds) >= self.max_fds:
             self.drop_locations()
         self.fds[key] = fd
+        return key
 
     def drop_locations(self) -> None:
         self.locs.clear()

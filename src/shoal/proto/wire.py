@@ -37,8 +37,10 @@ LOCATE     [dataset, path, version, offset, length,    {v, size, first, pages:
 TOUCH      [dataset, [[path, v, pages, bytes]...]]     {} (hits served by short circuit)
 DROP       [dataset, path, version, index]             {} (a reader saw a bad checksum)
 LOCATE_DIR [dataset, directory]                        {items: [[path, v, size, fd_slot,
-                                                       offset, len, ck]...], fds} + SCM_RIGHTS
-                                                       (cached small files of a directory)
+                                                       offset, len, ck]...], fds, full}
+                                                       + SCM_RIGHTS (cached small files of a
+                                                       directory; directory None: of the whole
+                                                       dataset, if it is small enough)
 =========  ==========================================  =========================================
 
 ``version`` None means "whatever the worker holds within the dataset's staleness bound".
@@ -60,7 +62,7 @@ REQ_HDR = struct.Struct("<IBI")  # body_len, op, req_id
 RESP_HDR = struct.Struct("<BIIIQ")  # status, req_id, epoch, meta_len, data_len
 MAX_BODY = 64 << 20
 #: most file descriptors one LOCATE answer carries
-MAX_FDS = 64
+MAX_FDS = 250  # SCM_MAX_FD is 253
 
 
 class Op(IntEnum):
@@ -94,10 +96,14 @@ def encode_request(op: Op, req_id: int, args: list[Any]) -> bytes:
     return REQ_HDR.pack(len(body), op, req_id) + body
 
 
+class Packed(bytes):
+    """Response metadata already packed (kept and sent again as is)."""
+
+
 def encode_response_head(
     status: Status, req_id: int, epoch: int, meta: Any, data_len: int
 ) -> bytes:
-    m = pack(meta)
+    m = meta if isinstance(meta, Packed) else pack(meta)
     return RESP_HDR.pack(status, req_id, epoch, len(m), data_len) + m
 
 

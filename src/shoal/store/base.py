@@ -115,6 +115,26 @@ class PageStore(ABC):
         """True if any page of this file version is stored (default: page 0 is)."""
         return self.contains(file.page(0))
 
+    def changes(self) -> int | None:
+        """A counter that moves whenever any page is added, dropped or moved, so that a
+        caller may keep answers derived from locations until it moves; None = not
+        tracked (derive nothing)."""
+        return None
+
+    def peek(self, key: PageKey) -> Location | None:
+        """Where the page is, without counting an access. Default: a locate."""
+        return self.locate(key)
+
+    def touch(self, key: PageKey) -> bool:
+        """Count an access to a page served elsewhere (a client read it through a
+        handed-over descriptor); False on a miss. Default: a locate."""
+        return self.locate(key) is not None
+
+    def file_count(self, dataset: str) -> int | None:
+        """How many file versions of a dataset are cached (an upper bound); None =
+        unknown without walking them all."""
+        return None
+
     def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
         """Cached file versions directly in one directory (not below it)."""
         return [f for f in self.files(dataset, directory) if f.path.rpartition("/")[0] == directory]

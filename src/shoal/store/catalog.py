@@ -66,6 +66,8 @@ class Catalog:
         self._expiry: list[tuple[float, int, FileKey]] = []
         self._seq = 0  # tie-breaker: FileKeys do not order
         self.large_bytes = 0
+        #: moves on every page added, dropped or moved (see PageStore.changes)
+        self.changes = 0
 
     def used(self) -> int:
         return self.segments.total_bytes + self.large_bytes
@@ -119,6 +121,7 @@ class Catalog:
         self.by_dir.setdefault((fk.dataset, fk.path.rpartition("/")[0]), set()).add(fk.path)
 
     def add_page(self, key: PageKey, st: FileState, e: PageEntry) -> None:
+        self.changes += 1
         self.pages[key] = e
         st.pages.add(key.index)
         st.bytes += e.length
@@ -139,6 +142,7 @@ class Catalog:
         st = self.files.pop(fk, None)
         if st is None:
             return 0
+        self.changes += 1
         self.policy.remove(fk)
         ds = self.datasets[fk.dataset]
         del ds[fk]
@@ -172,6 +176,7 @@ class Catalog:
 
     def drop_page(self, key: PageKey) -> None:
         """Forget one page of a large file (its bytes are reused by a re-put)."""
+        self.changes += 1
         st = self.files[key.file]
         e = self.pages.pop(key)
         self.index.delete_page(key)

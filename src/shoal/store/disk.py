@@ -164,16 +164,31 @@ class DiskTier(PageStore):
         return data
 
     def locate(self, key: PageKey) -> Location | None:
+        return self._locate(key, True)
+
+    def peek(self, key: PageKey) -> Location | None:
+        return self._locate(key, False)
+
+    def _locate(self, key: PageKey, touch: bool) -> Location | None:
         now = self._clock()
         e = self._live(key, now)
         if e is None:
             return None
-        self._touch(key, e, now)
+        if touch:
+            self._touch(key, e, now)
         if e.seg >= 0:
             path = self._segments.path(e.seg)
         else:
             path = self._large.path(self._cat.files[key.file].name)
         return Location(path, e.offset, e.length, e.checksum, self.name)
+
+    def touch(self, key: PageKey) -> bool:
+        now = self._clock()
+        e = self._live(key, now)
+        if e is None:
+            return False
+        self._touch(key, e, now)
+        return True
 
     def locate_file(self, file: FileKey) -> Location | None:
         st = self._cat.files.get(file)
@@ -201,6 +216,12 @@ class DiskTier(PageStore):
             if ds == dataset and (not p or path == p or path.startswith(p + "/"))
             for v in vs
         ]
+
+    def changes(self) -> int | None:
+        return self._cat.changes
+
+    def file_count(self, dataset: str) -> int | None:
+        return len(self._cat.datasets.get(dataset, ()))
 
     def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
         return [
@@ -351,6 +372,7 @@ class DiskTier(PageStore):
             new_seg, new_offset = self._segments.append(key, data)
             self._segments.mark_dead(seg, key)
             e.seg, e.offset = new_seg, new_offset
+            self._cat.changes += 1
             self._index.put_page(key, e)
         # the new locations must be committed before the old bytes go away
         self._index.flush(touches=False)

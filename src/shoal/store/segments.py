@@ -44,6 +44,7 @@ class SegmentSet:
         self.total_bytes = 0
         #: bytes of live entries in all segments
         self.live_bytes = 0
+        self._paths: dict[int, str] = {}
 
     # -- restart -------------------------------------------------------------------
 
@@ -69,7 +70,10 @@ class SegmentSet:
     # -- data path -----------------------------------------------------------------
 
     def path(self, seg: int) -> str:
-        return os.path.join(self.directory, f"{seg:08d}.seg")
+        p = self._paths.get(seg)
+        if p is None:
+            p = self._paths[seg] = os.path.join(self.directory, f"{seg:08d}.seg")
+        return p
 
     def append(self, key: Hashable, data: bytes | memoryview) -> tuple[int, int]:
         """Write ``data`` at the end of the active segment; (segment, offset)."""
@@ -170,6 +174,7 @@ class SegmentSet:
         if self._members[seg]:
             raise ValueError(f"segment {seg} still has {len(self._members[seg])} live entries")
         path = self.path(seg)
+        self._paths.pop(seg, None)
         self._fds.discard(path)
         end = self._ends.pop(seg)
         del self._live[seg], self._members[seg]

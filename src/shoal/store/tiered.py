@@ -62,6 +62,16 @@ class TieredStore(PageStore):
                 return loc
         return None
 
+    def peek(self, key: PageKey) -> Location | None:
+        for tier in self.tiers:
+            loc = tier.peek(key)
+            if loc is not None:
+                return loc
+        return None
+
+    def touch(self, key: PageKey) -> bool:
+        return any(tier.touch(key) for tier in self.tiers)
+
     def locate_file(self, file: FileKey) -> Location | None:
         for tier in self.tiers:
             loc = tier.locate_file(file)
@@ -91,6 +101,24 @@ class TieredStore(PageStore):
             {fk for tier in self.tiers for fk in tier.files(dataset, prefix)},
             key=lambda f: (f.path, f.version),
         )
+
+    def changes(self) -> int | None:
+        total = 0
+        for tier in self.tiers:
+            n = tier.changes()
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def file_count(self, dataset: str) -> int | None:
+        total = 0
+        for tier in self.tiers:
+            n = tier.file_count(dataset)
+            if n is None:
+                return None
+            total += n
+        return total
 
     def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
         return sorted(

@@ -56,6 +56,8 @@ class Loader:
         self._pages: SingleFlight[Piece] = SingleFlight()
         #: versions under storage no longer has (the manifest may still name them)
         self._dead: set[tuple[str, str, str]] = set()
+        #: moves whenever ``_dead`` does
+        self.dead_changes = 0
         #: dataset -> (manifest id, manifest) as the worker last fetched it
         self.manifests: dict[str, tuple[str, Manifest]] = {}
         self._last_page: dict[tuple[str, str], int] = {}
@@ -85,6 +87,7 @@ class Loader:
     def forget(self, dataset: str) -> None:
         self.manifests.pop(dataset, None)
         self._dead = {d for d in self._dead if d[0] != dataset}
+        self.dead_changes += 1
         for cache in (self._meta, self._lists):
             for k in [k for k in cache if k[0] == dataset]:
                 del cache[k]
@@ -284,6 +287,7 @@ class Loader:
                     self._meta.pop((ds.name, info.path), None)
                     self.store.delete(FileKey(ds.name, info.path, info.version))
                     self._dead.add((ds.name, info.path, info.version))
+                    self.dead_changes += 1
                     raise
             self.store.put(key, data, self._put_meta(ds, info))
             return self.store.locate(key) or data

@@ -26,20 +26,24 @@ from shoal.errors import DatasetNotFound, InvalidArgument, ProtocolError, ShoalE
 from shoal.proto import wire
 from shoal.proto.wire import Op, Status
 from shoal.store.base import Location
+from shoal.worker.handover import DirAnswers, Handover
 from shoal.worker.loader import Loader, Pages, Piece
 from shoal.worker.stats import Stats
 
 log = logging.getLogger("shoal.worker.server")
 
 _BATCH_MAX = 4096
+#: a whole dataset's locations are handed over in one answer up to this many files
+DATASET_LOCATE_MAX = 100_000
 
 
 @dataclass(slots=True)
 class Reply:
     meta: Any
     pieces: list[Piece] = field(default_factory=list)
-    #: descriptors to hand over (Unix socket only); closed after sending
+    #: descriptors to hand over (Unix socket only); closed after sending if owned
     fds: list[int] = field(default_factory=list)
+    own_fds: bool = True
 
 
 def _piece_len(p: Piece) -> int:
@@ -54,32 +58,6 @@ def _ahead(args: list[Any]) -> int:
     return int(args[6]) if len(args) > 6 and args[6] else 0
 
 
-class _Handover:
-    """Descriptors to hand to a local client: one per backing file, with its identity."""
-
-    def __init__(self) -> None:
-        self.fds: list[int] = []
-        self.ids: list[list[int]] = []
-        self._slot: dict[str, int] = {}
-
-    def slot(self, path: str) -> int | None:
-        """The slot of ``path``'s descriptor, opening it if needed; None when full."""
-        slot = self._slot.get(path)
-        if slot is None:
-            if len(self.fds) >= wire.MAX_FDS:
-                return None
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            st = os.fstat(fd)
-            slot = self._slot[path] = len(self.fds)
-            self.fds.append(fd)
-            self.ids.append([st.st_dev, st.st_ino])
-        return slot
-
-    def abort(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-
-
 class DataService:
     """What the data path can do; connection handling lives in :class:`Conn`."""
 
@@ -91,6 +69,11 @@ class DataService:
         self.epoch = 0
         #: asks the master for dataset definitions; True if anything changed
         self.refresh_datasets: Callable[[], Awaitable[bool]] | None = None
+        self.dirs = DirAnswers(self._locations_stamp)
+
+    def _locations_stamp(self) -> tuple[int, int] | None:
+        changes = self.loader.store.changes()
+        return None if changes is None else (changes, self.loader.dead_changes)
 
     # -- fast path ------------------------------------------------------------------
 
@@ -169,7 +152,7 @@ class DataService:
         """Where the requested pages are; plus, up to ``ahead`` bytes, the already cached
         pages that follow (never fetched for this), so a sequential reader of a large
         file needs one round trip per window instead of one per page."""
-        h = _Handover()
+        h = Handover()
         out: list[list[int]] = []
         pieces: list[Piece] = list(pages.pieces)
         if ahead > 0 and pieces:
@@ -204,24 +187,38 @@ class DataService:
         }
         return Reply(meta, fds=h.fds)
 
-    def _locate_dir(self, dataset: str, directory: str) -> Reply:
-        """Locations of every small file of a directory that is cached at the version this
-        worker would serve, so a new reader process needs one round trip per directory,
-        not one per file. Only under "never revalidate": otherwise each open revalidates."""
+    def _locate_dir(self, dataset: str, directory: str | None) -> Reply:
+        """Locations of every small file of a directory (None: of the whole dataset, up to
+        DATASET_LOCATE_MAX files) that is cached at the version this worker would serve,
+        so a new reader process needs one round trip per directory or dataset, not one
+        per file. Only under "never revalidate": otherwise each open revalidates.
+        ``full`` is False when descriptors ran out and some cached files were left out."""
         ds = self.loader.table.get(dataset)
-        if ds.policy.staleness != NEVER:
-            return Reply({"items": [], "fds": []})
-        h = _Handover()
-        items: list[list[Any]] = []
         store = self.loader.store
+        if ds.policy.staleness != NEVER:
+            return Reply({"items": [], "fds": [], "full": False})
+        if directory is None and (store.file_count(dataset) or 0) > DATASET_LOCATE_MAX:
+            return Reply({"items": [], "fds": [], "full": False})
+        kept = self.dirs.get(ds, directory)
+        if kept is not None:
+            return Reply(wire.Packed(kept[0]), fds=kept[1], own_fds=False)
+        h = Handover()
+        items: list[list[Any]] = []
+        full = True
+        files = (
+            store.files(dataset) if directory is None else store.files_in_dir(dataset, directory)
+        )
         try:
-            for fk in store.files_in_dir(dataset, directory):
+            for fk in files:
                 info = self.loader.current(ds, fk.path)
                 if info is None or info.version != fk.version or info.size > ds.policy.page_size:
                     continue
-                loc = store.locate(fk.page(0))
-                slot = h.slot(loc.path) if loc is not None else None
-                if loc is None or slot is None:
+                loc = store.peek(fk.page(0))  # the client reports its reads later
+                if loc is None:
+                    continue
+                slot = h.slot(loc.path)
+                if slot is None:
+                    full = False
                     continue
                 items.append(
                     [fk.path, fk.version, info.size, slot, loc.offset, loc.length, loc.checksum]
@@ -229,14 +226,18 @@ class DataService:
         except OSError:
             h.abort()
             raise
-        return Reply({"items": items, "fds": h.ids}, fds=h.fds)
+        meta = wire.Packed(wire.pack({"items": items, "fds": h.ids, "full": full}))
+        fds = self.dirs.put(ds, directory, meta, h)
+        if fds is None:
+            return Reply(meta, fds=h.fds)
+        return Reply(meta, fds=fds, own_fds=False)
 
     def _touch(self, dataset: str, items: list[list[Any]]) -> Reply:
         files = nbytes = 0
         for path, version, npages, size in items:
             fk = FileKey(dataset, path, version)
             for i in range(int(npages)):
-                self.loader.store.locate(fk.page(i))  # bumps recency
+                self.loader.store.touch(fk.page(i))  # bumps recency
             files += 1
             nbytes += int(size)
         self.stats.touched(dataset, files, nbytes)
@@ -374,13 +375,14 @@ class Conn(asyncio.Protocol):
     def _send(self, req_id: int, reply: Reply) -> None:
         t = self.transport
         if t is None:
-            for fd in reply.fds:
-                os.close(fd)
+            if reply.own_fds:
+                for fd in reply.fds:
+                    os.close(fd)
             return
         total = sum(_piece_len(p) for p in reply.pieces)
         head = wire.encode_response_head(Status.OK, req_id, self.service.epoch, reply.meta, total)
         if reply.fds:
-            self._send_fds(head, reply.fds)
+            self._send_fds(head, reply.fds, reply.own_fds)
         else:
             t.write(head)
         for p in reply.pieces:
@@ -389,7 +391,7 @@ class Conn(asyncio.Protocol):
             else:
                 t.write(p)
 
-    def _send_fds(self, head: bytes, fds: list[int]) -> None:
+    def _send_fds(self, head: bytes, fds: list[int], own: bool) -> None:
         t = self.transport
         assert t is not None and self._raw is not None
         try:
@@ -406,8 +408,9 @@ class Conn(asyncio.Protocol):
             if sent < len(head):
                 t.write(head[sent:])
         finally:
-            for fd in fds:
-                os.close(fd)
+            if own:
+                for fd in fds:
+                    os.close(fd)
 
     def _send_file(self, loc: Location) -> None:
         t = self.transport
