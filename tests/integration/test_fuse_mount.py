@@ -178,8 +178,12 @@ def test_large_file_by_passthrough(world: World) -> None:
     if not m.state["passthrough"]:
         pytest.skip("the kernel did not grant FUSE passthrough")
     reads = m.requests("READ")
-    before = m.metrics()['shoal_fuse_opens_total{mode="passthrough"}']
-    for _ in range(3):
+    first = m.metrics()
+    before = first['shoal_fuse_opens_total{mode="passthrough"}']
+    for i in range(3):
+        if i == 1:  # the backing file stays registered between opens of one version
+            calls = m.metrics()["shoal_fuse_client_calls_total"]
+            assert m.metrics()["shoal_fuse_backing_files"] == 1
         with open(p, "rb", buffering=0) as f:
             got = hashlib.sha256()
             while chunk := f.read(MiB):
@@ -187,6 +191,7 @@ def test_large_file_by_passthrough(world: World) -> None:
         assert got.hexdigest() == want
     after = m.metrics()
     assert after['shoal_fuse_opens_total{mode="passthrough"}'] >= before + 3
+    assert after["shoal_fuse_client_calls_total"] == calls  # later opens ask the worker nothing
     assert m.requests("READ") == reads  # not one READ reached the daemon
 
 

@@ -31,6 +31,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay-ms", type=float)
     p.add_argument("--warm-reps", type=int)
     p.add_argument("--cold-reps", type=int)
+    p.add_argument("--cap-s", type=float, help="stop a warm pass after this many seconds")
+    p.add_argument("--cold-cap-s", type=float, help="stop a cold pass after this many seconds")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -51,7 +53,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name, attr in (("store", "store"), ("procs", "procs"), ("small_files", "small_files"),
                        ("mix_files", "mix_files"), ("rate_mbit", "rate_mbit"),
                        ("delay_ms", "delay_ms"), ("warm_reps", "warm_reps"),
-                       ("cold_reps", "cold_reps")):  # fmt: skip
+                       ("cold_reps", "cold_reps"), ("cap_s", "cap_s"),
+                       ("cold_cap_s", "cold_cap_s")):  # fmt: skip
         v = getattr(args, name)
         if v is not None:
             kw[attr] = v

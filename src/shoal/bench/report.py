@@ -69,6 +69,7 @@ def to_json(rep: Report) -> dict[str, Any]:
         "skipped": rep.skipped,
         "notes": sorted(set(rep.notes)),
         "seconds": round(rep.seconds, 1),
+        "timing": rep.timing,
     }
 
 
@@ -129,6 +130,9 @@ def markdown(rep: Report, charts: list[str]) -> str:
             if cols:
                 cells = ", ".join(f"{b} {_fmt(v)}" for b, v in cols.items())
                 lines.append(f"- {wl}, **{a}**: {cells}")
+    if rep.timing:
+        lines += ["", "## Where the time went", "", "| section | seconds |", "|---|---:|"]
+        lines += [f"| {k} | {v:,.0f} |" for k, v in rep.timing.items()]
     lines += ["", "## The shaper is not the bottleneck", "",
               "Raw TCP from the store's namespace (1 MiB writes) and a 1-byte ping:", "",
               "| path | MB/s | RTT ms |", "|---|---:|---:|"]  # fmt: skip

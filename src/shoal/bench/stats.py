@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -15,6 +16,8 @@ class Sample:
     files: int
     nbytes: int
     cpu_s: float = 0.0
+    #: the items a pass stopped by its time cap got through (None: it read them all)
+    read: list[Any] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

@@ -10,7 +10,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -21,6 +21,7 @@ from shoal.bench.contenders import REGISTRY, BenchEnv, Boto3, Contender
 from shoal.bench.netshape import DelayProxy, Link, measure_link
 from shoal.bench.stats import Result, Sample, Target
 from shoal.bench.stores import DataSpec, MotoStore, RgwStore, Store, upload, write_local
+from shoal.bench.workloads import Passes
 
 log = logging.getLogger("shoal.bench")
 
@@ -47,10 +48,11 @@ class Config:
     train_batch: int = 32
     train_step_ms: float = 10.0
     meta_stats: int = 2_000
-    #: seconds after which a warm or random pass stops and is rated on what it read (the
-    #: slowest peers would otherwise need hours); cold passes that fill a cache always
-    #: run to the end, so warm passes find everything cached
-    cap_s: float = 60.0
+    #: seconds after which a warm pass stops and is rated on what it read (the slowest
+    #: peers would otherwise need hours), and the same for a cold pass; a peer whose cold
+    #: pass was stopped reads only what it cached in its warm passes (see workloads.py)
+    cap_s: float = 20.0
+    cold_cap_s: float = 45.0
     contenders: list[str] = field(default_factory=list)  # empty: all available
     workloads: list[str] = field(default_factory=list)  # empty: all
 
@@ -59,8 +61,8 @@ class Config:
         if quick:
             base = dict(
                 quick=True, store="moto", small_files=2_000, mix_files=150,
-                large_size=64 << 20, procs=2, warm_reps=3, cold_reps=1,
-                train_samples=1_000, meta_stats=500, cap_s=10.0,
+                large_size=32 << 20, procs=2, warm_reps=3, cold_reps=1,
+                train_samples=1_000, meta_stats=500, cap_s=5.0, cold_cap_s=10.0,
             )  # fmt: skip
             base.update(kw)
             return cls(**base)  # type: ignore[arg-type]
@@ -99,6 +101,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     about: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    #: wall seconds per section (set-up, each contender, training, data operations)
+    timing: dict[str, float] = field(default_factory=dict)
 
     def add(self, workload: str, contender: str, sample: Sample | None, note: str = "") -> None:
         r = self.results.setdefault((workload, contender), Result(workload, contender))
@@ -246,7 +250,9 @@ class Suite:
             out.append(c)
         return out
 
-    def _measure(self, wl: str, c: Contender, fn: Callable[[], Sample], cold: bool) -> None:
+    def _measure(
+        self, wl: str, c: Contender, fn: Callable[[], Sample], cold: bool
+    ) -> Sample | None:
         if cold:
             c.cold()
             if not runner.drop_caches():
@@ -260,112 +266,19 @@ class Suite:
             self.say(f"  {wl:24} {c.name:20} FAILED: {msg}")
             log.debug("failure", exc_info=True)
             self.report.add(wl, c.name, None, f"failed: {msg}")
-            return
+            return None
         self.report.add(wl, c.name, s)
         mbs = s.nbytes / s.seconds / 1e6 if s.seconds else 0
+        capped = " (capped)" if s.read is not None else ""
         self.say(f"  {wl:24} {c.name:20} {s.files / s.seconds:10,.0f} files/s {mbs:8,.0f} MB/s "
-                 f"{s.seconds:7.2f}s cpu {s.cpu_s:6.2f}s")  # fmt: skip
+                 f"{s.seconds:7.2f}s cpu {s.cpu_s:6.2f}s{capped}")  # fmt: skip
+        return s
 
     def run_contender(self, c: Contender) -> None:
-        cfg, spec = self.cfg, self.spec
-        n = cfg.procs
+        spec = self.spec
         small, mix = spec.keys("small"), spec.keys("mix")
-        # no cache: a "warm" epoch is one more remote pass, so once, at cold concurrency
-        remote = c.kind == "remote"
-        warm_threads = cfg.cold_threads if remote else cfg.warm_threads
-        warm_reps = 1 if remote else cfg.warm_reps
-        if self._want("small"):
-            for r in range(cfg.cold_reps):
-                self._measure(
-                    f"small-100KB cold p{n}",
-                    c,
-                    partial(runner.epoch, c, small, n, cfg.cold_threads, 100 + r),
-                    True,
-                )
-                if r == 0:
-                    for i in range(warm_reps):
-                        if not remote:  # without a cache p1 teaches nothing new
-                            self._measure(
-                                "small-100KB warm p1",
-                                c,
-                                partial(
-                                    runner.epoch_capped,
-                                    self.cfg.cap_s,
-                                    c,
-                                    small,
-                                    1,
-                                    warm_threads,
-                                    200 + i,
-                                ),
-                                False,
-                            )
-                        self._measure(
-                            f"small-100KB warm p{n}",
-                            c,
-                            partial(
-                                runner.epoch_capped,
-                                self.cfg.cap_s,
-                                c,
-                                small,
-                                n,
-                                warm_threads,
-                                300 + i,
-                            ),
-                            False,
-                        )
-            if not cfg.quick:
-                self._measure(
-                    "small-100KB cold p1",
-                    c,
-                    partial(runner.epoch, c, small, 1, cfg.cold_threads, 400),
-                    True,
-                )
-        if self._want("mix") and mix:
-            for r in range(cfg.cold_reps):
-                self._measure(
-                    f"mix-10KB-5MB cold p{n}",
-                    c,
-                    partial(runner.epoch, c, mix, n, cfg.cold_threads, 500 + r),
-                    True,
-                )
-            for i in range(warm_reps):
-                self._measure(
-                    f"mix-10KB-5MB warm p{n}",
-                    c,
-                    partial(runner.epoch_capped, self.cfg.cap_s, c, mix, n, warm_threads, 600 + i),
-                    False,
-                )
-        if self._want("large") and not c.batch and spec.large_size:
-            key, size = "large/blob.bin", spec.large_size
-            self._measure(
-                "large seq cold", c, partial(runner.ranges, c, key, size, 1 << 20, True, 0), True
-            )
-            for i in range(warm_reps):
-                self._measure(
-                    "large seq warm",
-                    c,
-                    partial(runner.ranges_capped, self.cfg.cap_s, c, key, size, 1 << 20, True, 0),
-                    False,
-                )
-                if remote:  # the same remote ranged reads as cold
-                    continue
-                self._measure(
-                    "large rand warm",
-                    c,
-                    partial(
-                        runner.ranges_capped, self.cfg.cap_s, c, key, size, 1 << 20, False, 700 + i
-                    ),
-                    False,
-                )
-            if not cfg.quick:
-                self._measure(
-                    "large rand cold",
-                    c,
-                    partial(
-                        runner.ranges_capped, self.cfg.cap_s, c, key, size, 1 << 20, False, 800
-                    ),
-                    True,
-                )
+        Passes(self.cfg, self._measure, self._want).run(c, small, mix, spec.large_size)
+        cfg = self.cfg
         if self._want("meta") and c.lister() is not None:
             dirs = sorted({k.rsplit("/", 1)[0] for k in small})
             stats = runner.shuffled(small, 9)[: cfg.meta_stats]
@@ -390,7 +303,11 @@ class Suite:
         keys = self.spec.keys("small")[: cfg.train_samples]
         args = (cfg.train_workers, cfg.train_batch, cfg.train_step_ms)
         todo: list[tuple[str, Contender | None, bool]] = [("synthetic", None, False)]
-        for name in ("local-dir", "shoal-client", "fsspec-filecache", "boto3", "shoal-fuse"):
+        # --quick: the target's pair and the mount; the slow peers' cold epochs only in full
+        peers: tuple[str, ...] = ("local-dir", "shoal-client", "shoal-fuse")
+        if not cfg.quick:
+            peers += ("fsspec-filecache", "boto3")
+        for name in peers:
             if name in by_name:
                 todo.append((name, by_name[name], name not in ("local-dir", "boto3")))
         for name, c, needs_warmup in todo:
@@ -443,12 +360,26 @@ class Suite:
             self.say(f"  manifest {files:,} files: built {m['build_s']:.1f}s, all listed "
                      f"{m['list_all_s']:.2f}s, {m['stats_per_s']:,.0f} stat/s")  # fmt: skip
 
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """Say and record how long a part of the run took."""
+        t0 = time.perf_counter()
+        self.say(f"[{name}]")
+        try:
+            yield
+        finally:
+            secs = time.perf_counter() - t0
+            self.report.timing[name] = round(self.report.timing.get(name, 0.0) + secs, 1)
+            self.say(f"[{name}] {secs:.0f}s")
+
     def run(self) -> Report:
         t0 = time.perf_counter()
         try:
-            self.setup()
+            with self.section("set-up"):
+                self.setup()
             assert self.env is not None
-            self.shoal_cold()
+            with self.section("set-up"):
+                self.shoal_cold()
             cs = self.contenders()
             # the link check at the epoch level: raw GETs without the shaper
             if "boto3" in [c.name for c in cs] and self._want("small"):
@@ -459,25 +390,25 @@ class Suite:
                     "raw parallel GETs straight to the store (no tbf, no delay)"
                 )
                 self._measure(f"small-100KB cold p{self.cfg.procs}", b,
-                              partial(runner.epoch_capped, self.cfg.cap_s, b, self.spec.keys("small"), self.cfg.procs, self.cfg.cold_threads, 100), True)  # fmt: skip
+                              partial(runner.epoch, b, self.spec.keys("small"), self.cfg.procs, self.cfg.cold_threads, 100, cap_s=self.cfg.cold_cap_s), True)  # fmt: skip
             for c in cs:
-                self.say(f"[{c.name}]")
-                try:
-                    c.setup()
-                except Exception as exc:
-                    self.report.skipped[c.name] = f"setup failed: {exc}"[:200]
-                    self.say(f"skip {c.name}: setup failed: {exc}")
-                    continue
-                try:
-                    self.run_contender(c)
-                finally:
-                    c.teardown()
+                with self.section(c.name):
+                    try:
+                        c.setup()
+                    except Exception as exc:
+                        self.report.skipped[c.name] = f"setup failed: {exc}"[:200]
+                        self.say(f"skip {c.name}: setup failed: {exc}")
+                        continue
+                    try:
+                        self.run_contender(c)
+                    finally:
+                        c.teardown()
             if self._want("train"):
-                self.say("[training loop]")
-                self.run_train({c.name: c for c in cs})
+                with self.section("training loop"):
+                    self.run_train({c.name: c for c in cs})
             if self._want("load") or self._want("manifest"):
-                self.say("[data operations]")
-                self.run_jobs()
+                with self.section("data operations"):
+                    self.run_jobs()
         finally:
             self.teardown()
             self.report.seconds = time.perf_counter() - t0

@@ -21,6 +21,9 @@ TOP_TTL = 5.0
 BLKSIZE = 1 << 20
 #: seconds an open waits for the local worker to hold a large file whole (passthrough)
 PASSTHROUGH_WAIT = 3.0
+#: passthrough registrations kept; beyond this the idle ones (kept after their last
+#: release for the next open) are dropped, as each holds its data file open
+MAX_BACKING = 64
 
 
 def errno_of(exc: BaseException) -> int:

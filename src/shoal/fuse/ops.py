@@ -25,6 +25,7 @@ from shoal.fuse import protocol as p
 from shoal.fuse.nodes import (
     BLKSIZE,
     FOREVER,
+    MAX_BACKING,
     PASSTHROUGH_WAIT,
     TOP_TTL,
     Handler,
@@ -110,6 +111,8 @@ class FileSystem:
             if info.version != n.version:
                 n.version = info.version
                 n.chunk = b""
+                if n.passthrough_opens == 0:
+                    self._drop_backing(n)  # it holds the old version's bytes
         n.at = time.monotonic()
         n.attr = self._attr(n)
         return n
@@ -131,6 +134,7 @@ class FileSystem:
             return
         n.nlookup -= nlookup
         if n.nlookup <= 0 and n.opens == 0:
+            self._drop_backing(n)
             del self.nodes[nodeid]
             if self.by_path.get(n.path) is n:
                 del self.by_path[n.path]
@@ -260,6 +264,10 @@ class FileSystem:
         try:
             if n.backing or n.opens or info.version != n.version:
                 return self._open_cached(n)  # raced with another open, or changed
+            if self.stats.backing_files >= MAX_BACKING:
+                for other in self.nodes.values():  # idle ones pin evicted files' space
+                    if other.passthrough_opens == 0:
+                        self._drop_backing(other)
             n.backing = self.backing_open(fd)
             self.stats.backing_files += 1
         except OSError as exc:
@@ -269,6 +277,17 @@ class FileSystem:
             os.close(fd)
         return self._open_passthrough(n)
 
+    def _drop_backing(self, n: Node) -> None:
+        if not n.backing:
+            return
+        backing, n.backing = n.backing, 0
+        self.stats.backing_files -= 1
+        if self.backing_close is not None:
+            try:
+                self.backing_close(backing)
+            except OSError as exc:
+                log.warning("closing backing id %d failed: %s", backing, exc)
+
     def op_release(self, nodeid: int, body: memoryview) -> Result:
         fh = p.RELEASE_IN.unpack_from(body)[0]
         n = self.nodes.get(nodeid)
@@ -276,15 +295,9 @@ class FileSystem:
             return b""
         n.opens -= 1
         if fh == 1:
+            # the backing file stays registered for the next open of this version (one
+            # worker round trip and ioctl fewer); dropped on a new version or a forget
             n.passthrough_opens -= 1
-            if n.passthrough_opens == 0 and n.backing:
-                backing, n.backing = n.backing, 0
-                self.stats.backing_files -= 1
-                if self.backing_close is not None:
-                    try:
-                        self.backing_close(backing)
-                    except OSError as exc:
-                        log.warning("closing backing id %d failed: %s", backing, exc)
         if n.opens <= 0:
             n.opens = 0
             n.chunk = b""

@@ -1,0 +1,69 @@
+"""The bench's pass planning: caps keep slow peers inside the budget, warm = cached."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shoal.bench import runner
+from shoal.bench.contenders import BenchEnv, Contender
+from shoal.bench.stats import Sample
+from shoal.bench.suite import Config
+from shoal.bench.workloads import Passes
+
+
+class _Peer(Contender):
+    name = "peer"
+    kind = "cache"
+
+
+def test_a_capped_cold_pass_limits_warm_passes_to_what_it_cached(monkeypatch: Any) -> None:
+    keys = [f"d/{i:03d}" for i in range(100)]
+    seen: list[tuple[str, list[str], float | None]] = []
+
+    def fake_epoch(c: Any, ks: list[str], procs: int, threads: int, seed: int,
+                   batch: int = 64, cap_s: float | None = None) -> Sample:  # fmt: skip
+        seen.append((f"p{procs}", list(ks), cap_s))
+        slow = cap_s is not None and len(ks) == 100  # the cold pass gets through 30 files
+        return Sample(1.0, 30 if slow else len(ks), 0, 0.0, ks[:30] if slow else None)
+
+    monkeypatch.setattr(runner, "epoch", fake_epoch)
+    cfg = Config(quick=False, procs=4, warm_reps=3, cold_reps=2, cap_s=5.0, cold_cap_s=9.0)
+    calls: list[str] = []
+
+    def measure(wl: str, c: Contender, fn: Callable[[], Sample], cold: bool) -> Sample | None:
+        calls.append(wl)
+        return fn()
+
+    Passes(cfg, measure, lambda w: w == "small").run(_Peer(BenchEnv.__new__(BenchEnv)), keys, [], 0)
+    # one capped cold pass (no second rep), warm passes over exactly the 30 cached files,
+    # repeated while they finish under their cap, then the cold p1 pass
+    assert calls[0] == "small-100KB cold p4"
+    assert calls.count("small-100KB cold p4") == 1
+    warm = seen[1:-1]
+    assert warm and all(ks == keys[:30] for _, ks, _ in warm)
+    assert all(cap == 5.0 for _, _, cap in warm)
+    assert calls.count("small-100KB warm p1") == 3 and calls.count("small-100KB warm p4") == 3
+    assert calls[-1] == "small-100KB cold p1" and seen[-1][2] == 9.0
+
+
+def test_a_capped_warm_pass_is_not_repeated(monkeypatch: Any) -> None:
+    keys = [f"d/{i:03d}" for i in range(10)]
+
+    def fake_epoch(c: Any, ks: list[str], procs: int, threads: int, seed: int,
+                   batch: int = 64, cap_s: float | None = None) -> Sample:  # fmt: skip
+        warm_p1 = cap_s == 5.0 and procs == 1
+        return Sample(1.0, len(ks), 0, 0.0, ks[:2] if warm_p1 else None)
+
+    monkeypatch.setattr(runner, "epoch", fake_epoch)
+    cfg = Config(quick=True, procs=2, warm_reps=3, cold_reps=1, cap_s=5.0, cold_cap_s=9.0)
+    calls: list[str] = []
+
+    def measure(wl: str, c: Contender, fn: Callable[[], Sample], cold: bool) -> Sample | None:
+        calls.append(wl)
+        return fn()
+
+    Passes(cfg, measure, lambda w: w == "small").run(_Peer(BenchEnv.__new__(BenchEnv)), keys, [], 0)
+    assert calls.count("small-100KB warm p1") == 1  # capped: once
+    assert calls.count("small-100KB warm p2") == 3  # finished: every rep
+    assert "small-100KB cold p1" not in calls  # quick
