@@ -67,3 +67,18 @@ def test_a_capped_warm_pass_is_not_repeated(monkeypatch: Any) -> None:
     assert calls.count("small-100KB warm p1") == 1  # capped: once
     assert calls.count("small-100KB warm p2") == 3  # finished: every rep
     assert "small-100KB cold p1" not in calls  # quick
+
+
+def test_local_data_follows_the_spec_last_written(tmp_path: Any) -> None:
+    """Quick and full runs share the data folder: switching back rewrites what changed."""
+    from shoal.bench.stores import DataSpec, write_local
+
+    full = DataSpec(3, small_size=1000, large_size=64 << 10).layout()
+    quick = DataSpec(3, small_size=1000, large_size=16 << 10).layout()
+    big = tmp_path / "large/blob.bin"
+    write_local(full, tmp_path)
+    assert big.stat().st_size == 64 << 10
+    write_local(quick, tmp_path)
+    assert big.stat().st_size == 16 << 10
+    write_local(full, tmp_path)  # its earlier "complete" marker must not hide the change
+    assert big.stat().st_size == 64 << 10

@@ -46,6 +46,8 @@ def make_tree(root: Path, files: int, per_dir: int = 1000) -> None:
     marker = root.parent / f".{root.name}-made-{files}"  # outside: not a dataset file
     if marker.exists():
         return
+    for old in root.parent.glob(f".{root.name}-made-*"):  # the tree is rebuilt: none holds
+        old.unlink()
     shutil.rmtree(root, ignore_errors=True)
     for i in range(0, files, per_dir):
         d = root / f"d{i // per_dir:05d}"

@@ -189,6 +189,10 @@ def write_local(spec: DataSpec, root: Path) -> None:
     marker = root / f".complete-{spec.digest()}"
     if marker.exists():
         return
+    # the files are shared by every data spec (quick, full): writing this one's may
+    # change another's, so no other spec may stay marked complete
+    for old in root.glob(".complete-*") if root.exists() else ():
+        old.unlink()
     blob = random.Random(12345).randbytes(16 << 20)
     for key, size in spec.files.items():
         p = root / key

@@ -48,7 +48,7 @@ from shoal.ufs.registry import open_store
 log = logging.getLogger("shoal.client")
 
 #: bytes of already cached pages past a located range a worker also hands over
-LOCATE_AHEAD = 64 << 20
+LOCATE_AHEAD = 256 << 20
 #: after this many directories located, a reader asks for the whole dataset's cached
 #: files (one answer instead of one per directory: a training epoch reads them all)
 DATASET_LOCATE_AFTER = 3
