@@ -17,6 +17,18 @@ class _Peer(Contender):
     kind = "cache"
 
 
+def _run_small(cfg: Config, keys: list[str]) -> list[str]:
+    """Run the small-file passes of one peer; the workloads measured, in order."""
+    calls: list[str] = []
+
+    def measure(wl: str, c: Contender, fn: Callable[[], Sample], cold: bool) -> Sample | None:
+        calls.append(wl)
+        return fn()
+
+    Passes(cfg, measure, lambda w: w == "small").run(_Peer(BenchEnv.__new__(BenchEnv)), keys, [], 0)
+    return calls
+
+
 def test_a_capped_cold_pass_limits_warm_passes_to_what_it_cached(monkeypatch: Any) -> None:
     keys = [f"d/{i:03d}" for i in range(100)]
     seen: list[tuple[str, list[str], float | None]] = []
@@ -29,13 +41,7 @@ def test_a_capped_cold_pass_limits_warm_passes_to_what_it_cached(monkeypatch: An
 
     monkeypatch.setattr(runner, "epoch", fake_epoch)
     cfg = Config(quick=False, procs=4, warm_reps=3, cold_reps=2, cap_s=5.0, cold_cap_s=9.0)
-    calls: list[str] = []
-
-    def measure(wl: str, c: Contender, fn: Callable[[], Sample], cold: bool) -> Sample | None:
-        calls.append(wl)
-        return fn()
-
-    Passes(cfg, measure, lambda w: w == "small").run(_Peer(BenchEnv.__new__(BenchEnv)), keys, [], 0)
+    calls = _run_small(cfg, keys)
     # one capped cold pass (no second rep), warm passes over exactly the 30 cached files,
     # repeated while they finish under their cap, then the cold p1 pass
     assert calls[0] == "small-100KB cold p4"
@@ -57,13 +63,7 @@ def test_a_capped_warm_pass_is_not_repeated(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(runner, "epoch", fake_epoch)
     cfg = Config(quick=True, procs=2, warm_reps=3, cold_reps=1, cap_s=5.0, cold_cap_s=9.0)
-    calls: list[str] = []
-
-    def measure(wl: str, c: Contender, fn: Callable[[], Sample], cold: bool) -> Sample | None:
-        calls.append(wl)
-        return fn()
-
-    Passes(cfg, measure, lambda w: w == "small").run(_Peer(BenchEnv.__new__(BenchEnv)), keys, [], 0)
+    calls = _run_small(cfg, keys)
     assert calls.count("small-100KB warm p1") == 1  # capped: once
     assert calls.count("small-100KB warm p2") == 3  # finished: every rep
     assert "small-100KB cold p1" not in calls  # quick

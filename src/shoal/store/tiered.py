@@ -10,6 +10,8 @@ A page read from a lower tier is not promoted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from shoal.config import TierSpec
 from shoal.core.types import TIERS, FileKey, PageKey
@@ -18,6 +20,8 @@ from shoal.store.base import DatasetUsage, Location, PageStore, PutMeta, Usage
 from shoal.store.disk import DiskTier
 
 log = logging.getLogger("shoal.store.tiered")
+
+T = TypeVar("T")
 
 
 class TieredStore(PageStore):
@@ -48,36 +52,33 @@ class TieredStore(PageStore):
             raise
         return cls(opened, demote=demote)
 
-    def get(self, key: PageKey) -> bytes | None:
+    def _first(self, ask: Callable[[PageStore], T | None]) -> T | None:
+        """The first tier's answer that is not None, fastest tier first."""
         for tier in self.tiers:
-            data = tier.get(key)
-            if data is not None:
-                return data
+            got = ask(tier)
+            if got is not None:
+                return got
         return None
+
+    def _total(self, ask: Callable[[PageStore], int | None]) -> int | None:
+        """The sum over the tiers, or None if any tier cannot say."""
+        counts = [ask(tier) for tier in self.tiers]
+        return None if None in counts else sum(c for c in counts if c is not None)
+
+    def get(self, key: PageKey) -> bytes | None:
+        return self._first(lambda t: t.get(key))
 
     def locate(self, key: PageKey) -> Location | None:
-        for tier in self.tiers:
-            loc = tier.locate(key)
-            if loc is not None:
-                return loc
-        return None
+        return self._first(lambda t: t.locate(key))
 
     def peek(self, key: PageKey) -> Location | None:
-        for tier in self.tiers:
-            loc = tier.peek(key)
-            if loc is not None:
-                return loc
-        return None
+        return self._first(lambda t: t.peek(key))
 
     def touch(self, key: PageKey) -> bool:
         return any(tier.touch(key) for tier in self.tiers)
 
     def locate_file(self, file: FileKey) -> Location | None:
-        for tier in self.tiers:
-            loc = tier.locate_file(file)
-            if loc is not None:
-                return loc
-        return None
+        return self._first(lambda t: t.locate_file(file))
 
     def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
         if self.contains(key):
@@ -103,22 +104,10 @@ class TieredStore(PageStore):
         )
 
     def changes(self) -> int | None:
-        total = 0
-        for tier in self.tiers:
-            n = tier.changes()
-            if n is None:
-                return None
-            total += n
-        return total
+        return self._total(lambda t: t.changes())
 
     def file_count(self, dataset: str) -> int | None:
-        total = 0
-        for tier in self.tiers:
-            n = tier.file_count(dataset)
-            if n is None:
-                return None
-            total += n
-        return total
+        return self._total(lambda t: t.file_count(dataset))
 
     def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
         return sorted(
