@@ -12,23 +12,21 @@ the read falls back to under storage, counted and logged, for classified errors 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
 from collections.abc import Iterable
 from typing import Any
 
-import aiohttp
 import xxhash
 
 from shoal.client.cache import ClientCache, PageLoc, WorkerAddr
 from shoal.client.conn import Pool, Response
+from shoal.client.control import ControlPlane
 from shoal.client.local import TOUCH_FLUSH, read_located
 from shoal.config import ClientSettings
-from shoal.core.manifest import Manifest
 from shoal.core.ring import Ring
-from shoal.core.types import NEVER, Dataset, FileInfo, Mount, NsPath, split_path
+from shoal.core.types import NEVER, Dataset, FileInfo, NsPath, split_path
 from shoal.errors import (
     CorruptData,
     DatasetNotFound,
@@ -58,72 +56,15 @@ SUSPECT_FOR = 5.0
 EXTRA_OWNERS = 2
 
 
-class AsyncClient:
+class AsyncClient(ControlPlane):
     def __init__(self, settings: ClientSettings, cache: ClientCache | None = None) -> None:
-        self.settings = settings
-        self.cache = cache or ClientCache()
+        super().__init__(settings, cache or ClientCache())
         self._pools: dict[tuple[str, bool], Pool] = {}
         self._suspect: dict[str, float] = {}
-        self._http: aiohttp.ClientSession | None = None
         self._ufs: dict[tuple[str, str], UnderStore] = {}
         self._refreshing: asyncio.Task[None] | None = None
 
-    # -- control plane --------------------------------------------------------------
-
-    async def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, connect=5))
-        return self._http
-
-    async def _master(self, method: str, path: str, body: Any = None) -> Any:
-        http = await self._session()
-        url = self.settings.master + path
-        try:
-            async with http.request(method, url, json=body) as r:
-                status, reason = r.status, r.reason
-                raw = await r.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise Unavailable(f"master at {self.settings.master} unreachable: {exc}") from None
-        try:
-            data = json.loads(raw) if raw else None
-        except ValueError:
-            raise ProtocolError(f"master at {self.settings.master} sent non-JSON") from None
-        if status >= 400:
-            err = data.get("error", {}) if isinstance(data, dict) else {}
-            raise from_code(str(err.get("code", "io")), str(err.get("message", reason)))
-        return data
-
-    async def create_dataset(
-        self, name: str, mounts: list[Mount], options: dict[str, str] | None = None
-    ) -> Dataset:
-        from shoal.core.types import CachePolicy
-
-        ds = Dataset(name, tuple(mounts), CachePolicy().with_options(options or {}))
-        return Dataset.from_dict(await self._master("POST", "/api/v1/datasets", ds.to_dict()))
-
-    async def update_dataset(self, name: str, options: dict[str, str]) -> Dataset:
-        current = await self.dataset(name, refresh=True)
-        policy = current.policy.with_options(options)
-        d = await self._master("PATCH", f"/api/v1/datasets/{name}", {"policy": policy.to_dict()})
-        return Dataset.from_dict(d)
-
-    async def delete_dataset(self, name: str) -> None:
-        await self._master("DELETE", f"/api/v1/datasets/{name}")
-        self.cache.datasets.pop(name, None)
-
-    async def datasets(self) -> list[Dataset]:
-        data = await self._master("GET", "/api/v1/datasets")
-        out = [Dataset.from_dict(d) for d in data["datasets"]]
-        now = time.monotonic()
-        for ds in out:
-            self._install(ds, now)
-        return out
-
-    def _install(self, ds: Dataset, now: float) -> None:
-        old = self.cache.datasets.get(ds.name)
-        if old is not None and old[0].generation != ds.generation:
-            self.cache.forget_dataset(ds.name)  # a sync or policy change: metadata may be stale
-        self.cache.datasets[ds.name] = (ds, now)
+    # -- datasets -------------------------------------------------------------------
 
     async def dataset(self, name: str, refresh: bool = False) -> Dataset:
         hit = self.cache.datasets.get(name)
@@ -139,54 +80,6 @@ class AsyncClient:
             raise
         self._install(ds, time.monotonic())
         return ds
-
-    # -- jobs -----------------------------------------------------------------------
-
-    async def submit_job(self, spec: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
-        body = {"spec": spec, "schedule": schedule}
-        return await self._master("POST", "/api/v1/jobs", body)
-
-    async def jobs(self) -> dict[str, Any]:
-        return await self._master("GET", "/api/v1/jobs")
-
-    async def job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("GET", f"/api/v1/jobs/{job_id}")
-
-    async def stop_job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("POST", f"/api/v1/jobs/{job_id}/stop")
-
-    async def resume_job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("POST", f"/api/v1/jobs/{job_id}/resume")
-
-    async def manifest(self, ds: Dataset) -> Manifest | None:
-        """The dataset's manifest (fetched once per manifest id), if it has one within
-        its staleness bound."""
-        if not ds.manifest:
-            return None
-        hit = self.cache.manifests.get(ds.name)
-        if hit is None or hit[0] != ds.manifest:
-            http = await self._session()
-            url = f"{self.settings.master}/api/v1/datasets/{ds.name}/manifest"
-            try:
-                async with http.get(url) as r:
-                    if r.status != 200:
-                        return None
-                    raw = await r.read()
-                    mid = r.headers.get("X-Shoal-Manifest", ds.manifest)
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                return hit[1] if hit is not None else None
-            hit = self.cache.manifests[ds.name] = (mid, Manifest.from_bytes(raw))
-        man = hit[1]
-        bound = ds.policy.staleness
-        if bound != NEVER and time.time() - man.built_at > bound:
-            return None
-        return man
-
-    async def report(self) -> dict[str, Any]:
-        return await self._master("GET", "/api/v1/report")
-
-    async def health(self) -> dict[str, Any]:
-        return await self._master("GET", "/api/v1/health")
 
     # -- ring -----------------------------------------------------------------------
 
