@@ -487,27 +487,19 @@ class AsyncClient(ControlPlane):
     ) -> None:
         """For local workers: learn the cached files of the batch's directories (once per
         process), then serve what that covers with pread and leave the rest to BATCH."""
-        todo: set[tuple[str, str, str]] = set()
+        todo: list[tuple[WorkerAddr, Dataset, list[str]]] = []
         for (dsname, wid), items in groups.items():
             w = self.cache.workers.get(wid)
             hit = self.cache.datasets.get(dsname)
             if w is None or hit is None or not self.is_local(w) or hit[0].policy.staleness != NEVER:
                 continue
-            for _, np in items:
-                d = np.key_path.rpartition("/")[0]
-                if self.cache.dir_due((wid, dsname, d)):
-                    todo.add((wid, dsname, d))
+            dirs = {np.key_path.rpartition("/")[0] for _, np in items}
+            due = [d for d in dirs if self.cache.dir_due((wid, dsname, d))]
+            if due:
+                todo.append((w, hit[0], due))
         if not todo:
             return
-        by_worker: dict[tuple[str, str], list[str]] = {}
-        for wid, dsname, d in todo:
-            by_worker.setdefault((wid, dsname), []).append(d)
-        await asyncio.gather(
-            *(
-                self._locate(self.cache.workers[wid], self.cache.datasets[dsname][0], dirs)
-                for (wid, dsname), dirs in by_worker.items()
-            )
-        )
+        await asyncio.gather(*(self._locate(w, ds, dirs) for w, ds, dirs in todo))
         for (dsname, _), items in groups.items():
             dset = self.cache.datasets[dsname][0]
             rest = []

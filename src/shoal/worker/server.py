@@ -160,17 +160,18 @@ class DataService:
             fk = FileKey(dataset, pages.info.path, pages.info.version)
             last = min(page_count(pages.info.size, ps), pages.first + len(pieces) + ahead // ps)
             for i in range(pages.first + len(pieces), last):
-                loc = self.loader.store.locate(fk.page(i))
+                loc = self.loader.store.peek(fk.page(i))  # the client reports what it reads
                 if loc is None:
                     break
                 pieces.append(loc)
         try:
             for p in pieces:
                 slot = h.slot(p.path) if isinstance(p, Location) else None
-                if slot is None or not isinstance(p, Location):
+                if slot is None:
                     out.append([-1, 0, _piece_len(p), 0])  # read it with READ instead
-                    continue
-                out.append([slot, p.offset, p.length, p.checksum])
+                else:
+                    assert isinstance(p, Location)
+                    out.append([slot, p.offset, p.length, p.checksum])
         except OSError:
             h.abort()
             raise
