@@ -82,3 +82,17 @@ def test_local_data_follows_the_spec_last_written(tmp_path: Any) -> None:
     assert big.stat().st_size == 16 << 10
     write_local(full, tmp_path)  # its earlier "complete" marker must not hide the change
     assert big.stat().st_size == 64 << 10
+
+
+def test_a_cap_must_be_positive(capsys: Any) -> None:
+    import os
+
+    import pytest
+
+    from shoal.bench.cli import main
+
+    if os.geteuid() != 0:
+        pytest.skip("shoal bench refuses to run without root before it reads caps")
+    assert main(["--quick", "--cold-cap-s", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["shoal bench: --cold-cap-s must be a positive number of seconds, got 0.0"]

@@ -48,6 +48,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"shoal bench: unknown contender {unknown[0]}; known: {', '.join(REGISTRY)}",
               file=sys.stderr)  # fmt: skip
         return 2
+    for flag in ("cap_s", "cold_cap_s"):
+        v = getattr(args, flag)
+        if v is not None and not v > 0:
+            print(f"shoal bench: --{flag.replace('_', '-')} must be a positive number of "
+                  f"seconds, got {v}", file=sys.stderr)  # fmt: skip
+            return 2
     kw: dict[str, Any] = {"workdir": args.workdir, "contenders": args.contender,
                           "workloads": args.workload}  # fmt: skip
     for name, attr in (("store", "store"), ("procs", "procs"), ("small_files", "small_files"),
