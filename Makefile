@@ -21,10 +21,10 @@ debs:
 	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 lint: setup
@@ -48,7 +48,7 @@ bench-setup: setup
 	  echo "installing Debian packages:$$missing"; \
 	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 
 bench-quick: bench-setup
 	$(BIN)/shoal bench --quick

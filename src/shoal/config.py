@@ -1,11 +1,15 @@
-"""Typed settings per subsystem: defaults < environment (SHOAL_*) < explicit arguments.
+"""Typed settings per subsystem: defaults < explicit arguments.
 
-Every field has a docstring-style comment; invalid values raise InvalidArgument, never
-``assert``.
+Every field has a docstring-style comment; every settings class validates itself where it
+is built (``__post_init__``), so a bad value raises InvalidArgument with a one-line
+message, never an ``assert`` and never later, deep in a server. The environment is read
+in exactly two places: :func:`master_from_env` (``SHOAL_MASTER``) and :func:`node_name`
+(``SHOAL_NODE``); the CLI maps its flags onto these classes.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -54,6 +58,18 @@ class TierSpec:
         return cls(name=parts[0], path=parts[1], capacity=parse_size(parts[2]))
 
 
+def _port(what: str, port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise InvalidArgument(f"{what}: port must be 0..65535 (0 picks a free port), got {port}")
+
+
+def _positive(what: str, field_name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{what}: {field_name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidArgument(f"{what}: {field_name} must be a positive number, got {value}")
+
+
 def node_name() -> str:
     """This host's identity for short-circuit decisions (Kubernetes: the node name)."""
     return os.environ.get("SHOAL_NODE") or socket.gethostname()
@@ -73,6 +89,18 @@ class MasterSettings:
     worker_expiry: float = 10.0
     #: when set, the master writes its URL here once it listens
     url_file: str | None = None
+    #: directories file:// mounts may read (resolved); empty: file:// mounts are refused
+    file_roots: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _port("master", self.port)
+        _positive("master", "heartbeat_interval", self.heartbeat_interval)
+        _positive("master", "worker_expiry", self.worker_expiry)
+        if self.worker_expiry <= self.heartbeat_interval:
+            raise InvalidArgument(
+                "master: worker_expiry must be longer than heartbeat_interval "
+                f"({self.worker_expiry} <= {self.heartbeat_interval})"
+            )
 
 
 @dataclass(frozen=True)
@@ -93,6 +121,20 @@ class WorkerSettings:
     #: when set, the worker writes "<host>:<port>" here once it listens
     url_file: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.master:
+            raise InvalidArgument("worker: a master URL is required")
+        _port("worker", self.port)
+        if isinstance(self.ufs_concurrency, bool) or not isinstance(self.ufs_concurrency, int):
+            raise InvalidArgument("worker: ufs_concurrency must be an integer")
+        if self.ufs_concurrency < 1:
+            raise InvalidArgument(
+                f"worker: ufs_concurrency must be at least 1, got {self.ufs_concurrency}"
+            )
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"worker: each tier may be given once, got {', '.join(names)}")
+
 
 @dataclass(frozen=True)
 class ClientSettings:
@@ -109,11 +151,23 @@ class ClientSettings:
     ufs_fallback: bool = True
     node: str = field(default_factory=node_name)
 
+    def __post_init__(self) -> None:
+        if not self.master:
+            raise InvalidArgument(f"client: no master URL (set {ENV_MASTER} or pass master=...)")
+        _positive("client", "ring_refresh", self.ring_refresh)
+        _positive("client", "request_timeout", self.request_timeout)
+        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int):
+            raise InvalidArgument(f"client: pool_size must be an integer, got {self.pool_size!r}")
+        if self.pool_size < 1:
+            raise InvalidArgument(f"client: pool_size must be at least 1, got {self.pool_size}")
 
-def master_from_env(explicit: str | None) -> str:
+
+def master_from_env(explicit: str | None, hint: str = "pass master=URL") -> str:
+    """The master's URL: *explicit*, else ``SHOAL_MASTER``; *hint* says how the caller's
+    user passes one (the CLI says ``--master URL``, the library ``master=URL``)."""
     url = explicit or os.environ.get(ENV_MASTER)
     if not url:
-        raise InvalidArgument(f"no master: pass --master URL or set {ENV_MASTER}")
+        raise InvalidArgument(f"no master: set {ENV_MASTER} or {hint}")
     if not url.startswith(("http://", "https://")):
         url = "http://" + url
     return url.rstrip("/")

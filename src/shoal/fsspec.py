@@ -5,8 +5,21 @@ chained form ``shoal::s3://bucket/key`` keeps a user's original URL and maps it 
 dataset whose mount URI is its longest prefix (the master's dataset list, fetched once).
 Whole-file reads of many paths (``cat``) are one batched request per worker; byte
 ranges of files known to be small ride the same batch, the rest are ranged reads.
-Opened files read ahead through fsspec's block caches, and a block already on the
-local worker is a ``pread`` on the caller's thread.
+Opened files read through :class:`~shoal.readahead.PatternCache` (readahead for
+sequential reads, exact fetches after a seek) unless a ``cache_type`` is given, and a
+block already on the local worker is a ``pread`` on the caller's thread.
+
+Storage options: shoal's own (``master``, ``client_options`` or any ClientSettings
+field, ``unmounted``), fsspec's standard ones (``block_size``, ``cache_type``,
+``cache_options``, ``use_listings_cache``, ``listings_expiry_time``, ``max_paths``,
+``skip_instance_cache``, ...), honoured; keys meant for other filesystems, which
+frameworks pass to every filesystem (Hugging Face's ``hf``, ``client_kwargs``), are
+ignored as fsspec's built-in filesystems do; a near miss of one of ours is an error.
+
+A chained URL that no dataset mounts (``shoal::s3://other-bucket/key``) is read
+through the underlying fsspec filesystem with the caller's own options and
+credentials, uncached, logged once per bucket and counted in ``unmounted_stats``
+(``unmounted="raise"``: FileNotFoundError); see shoal.fsspec_unmounted for why.
 
 Instances pickle to their constructor arguments (with the master resolved) and
 survive ``fork``: the AsyncClient is bound to one (process, event loop) pair and is
@@ -17,7 +30,6 @@ Writes raise ``PermissionError(EROFS)``: shoal is a cache; write to under storag
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
 import logging
 import os
@@ -30,17 +42,22 @@ from fsspec.asyn import AsyncFileSystem, get_loop, sync
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import AbstractBufferedFile, make_instance
 
+from shoal import fsspec_options as options
 from shoal.client.aio import AsyncClient
 from shoal.client.cache import ClientCache
 from shoal.client.local import read_located
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import FileInfo, split_path
-from shoal.errors import InvalidArgument, ShoalError
+from shoal.errors import ShoalError
+from shoal.fsspec_unmounted import Underlying, UnmountedStats
+from shoal.readahead import PatternCache
 
 log = logging.getLogger("shoal.fsspec")
 
-#: default block for opened files: fsspec's readahead cache fetches this much at once
+#: default block for opened files: the most a sequential reader fetches ahead at once
 DEFAULT_BLOCK = 4 << 20
+#: default cache of opened files (see shoal.readahead)
+DEFAULT_CACHE = PatternCache.name
 #: a byte range of a file at most this big is served from a batched whole-file read
 SMALL_FILE = 1 << 20
 
@@ -88,11 +105,14 @@ def _strip_uri(uri: str) -> str:
 class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
     """fsspec filesystem over a shoal cluster.
 
-    ``master``: the master URL (default: ``$SHOAL_MASTER``). ``client_options``:
-    further :class:`~shoal.config.ClientSettings` fields (``short_circuit``,
-    ``request_timeout``, ...). ``target_protocol``/``target_options``/``fo`` are set by
-    fsspec for a chained URL (``shoal::s3://...``); the target's options are not used,
-    since the workers read under storage with their own credentials.
+    ``master``: the master URL (default: ``$SHOAL_MASTER``). ``client_options`` (or the
+    same keys at the top): further :class:`~shoal.config.ClientSettings` fields
+    (``short_circuit``, ``request_timeout``, ...). ``block_size``, ``cache_type`` and
+    ``cache_options``: defaults for opened files. ``unmounted``: ``"read"`` (a chained
+    URL no dataset mounts is read through the underlying filesystem) or ``"raise"``.
+    ``target_protocol``/``target_options``/``fo`` are set by fsspec for a chained URL
+    (``shoal::s3://...``); the target's options serve only unmounted URLs, since the
+    workers read under storage with their own credentials.
     """
 
     protocol: ClassVar[str | tuple[str, ...]] = ("shoal",)
@@ -105,23 +125,38 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         master: str | None = None,
         *,
         client_options: Mapping[str, Any] | None = None,
+        unmounted: str = "read",
         target_protocol: str | None = None,
         target_options: Mapping[str, Any] | None = None,
         fo: str | None = None,
         asynchronous: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
         batch_size: int | None = None,
+        block_size: int | None = None,
+        cache_type: str | None = None,
+        cache_options: Mapping[str, Any] | None = None,
+        **storage_options: Any,
     ) -> None:
-        super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size)
-        opts = dict(client_options or {})
-        known = {f.name for f in dataclasses.fields(ClientSettings)} - {"master"}
-        unknown = sorted(set(opts) - known)
-        if unknown:
-            raise InvalidArgument(
-                f"unknown client option {unknown[0]!r}; known: {', '.join(sorted(known))}"
-            )
+        # s3fs's and gcsfs's names for the same
+        alias_block = storage_options.pop("default_block_size", None)
+        alias_cache = storage_options.pop("default_cache_type", None)
+        block_size = alias_block if block_size is None else block_size
+        options.check_block_size(block_size)
+        options.check_unmounted(unmounted)
+        opts = options.client_options(client_options, storage_options)
+        # fsspec's listings cache is off unless asked for: the client's metadata cache
+        # already follows each dataset's staleness bound
+        storage_options.setdefault("use_listings_cache", False)
+        super().__init__(
+            asynchronous=asynchronous, loop=loop, batch_size=batch_size, **storage_options
+        )
         self.settings = ClientSettings(master=master_from_env(master), **opts)
+        self.block_size = DEFAULT_BLOCK if block_size is None else block_size
+        self.cache_type = cache_type or alias_cache or DEFAULT_CACHE
+        self.cache_options = dict(cache_options or {})
+        self.unmounted = unmounted
         self.target_protocol = target_protocol
+        self._under = Underlying(target_protocol or "", dict(target_options or {}))
         self.client_cache = ClientCache()
         self._conn = _Conn()
         self._prefixes: list[tuple[str, str, str]] | None = None  # (uri prefix, ds, mount)
@@ -171,6 +206,14 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
 
     async def _ns(self, path: str) -> str:
         """The namespace path '/<dataset>/<mount>/<rel>' for a path of this filesystem."""
+        ns = await self._route(path)
+        if ns is None:
+            raise self._not_mounted(path)
+        return ns
+
+    async def _route(self, path: str) -> str | None:
+        """The namespace path, or None for a chained URL no dataset mounts that is to be
+        read through the underlying filesystem (``unmounted="read"``)."""
         p = self._strip_protocol(path)
         if self.target_protocol is None:
             return "/" + p
@@ -180,12 +223,24 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
                 prefix, ds, mount = hit
                 rel = p[len(prefix) :].strip("/")
                 return f"/{ds}/{mount}/{rel}" if rel else f"/{ds}/{mount}"
-        raise FileNotFoundError(
+        if self.unmounted == "raise":
+            raise self._not_mounted(path)
+        self._under.note(p)
+        return None
+
+    def _not_mounted(self, path: str) -> FileNotFoundError:
+        p = self._strip_protocol(path)
+        return FileNotFoundError(
             errno.ENOENT,
             f"no shoal dataset mounts {self.target_protocol}://{p}: create one with "
             f"`shoal dataset create NAME --mount NAME={self.target_protocol}://...`",
             path,
         )
+
+    @property
+    def unmounted_stats(self) -> UnmountedStats:
+        """Reads of chained URLs no dataset mounts (served by the underlying filesystem)."""
+        return self._under.stats
 
     async def _mount_of(self, p: str, refresh: bool) -> tuple[str, str, str] | None:
         if self._prefixes is None or refresh:
@@ -231,7 +286,9 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         p = self._strip_protocol(path)
         if p == "" and self.target_protocol is None:
             return {"name": "", "size": 0, "type": "directory"}
-        ns = await self._ns(p)
+        ns = await self._route(p)
+        if ns is None:
+            return await self._under.info(p)
         try:
             return self._entry(await self.client().stat(ns))
         except ShoalError as exc:
@@ -239,7 +296,18 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
 
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         p = self._strip_protocol(path)
-        ns = await self._ns(p) if p or self.target_protocol else "/"
+        try:
+            out = self.dircache[p]  # holds nothing unless use_listings_cache=True
+        except KeyError:
+            out = await self._ls_now(p)
+            self.dircache[p] = out
+        return out if detail else [e["name"] for e in out]
+
+    async def _ls_now(self, p: str) -> list[dict[str, Any]]:
+        ns = await self._route(p) if p or self.target_protocol else "/"
+        if ns is None:
+            return await self._under.ls(p)
+        path = p
         aio = self.client()
         try:
             entries = await aio.ls(ns)
@@ -253,8 +321,7 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
             except ShoalError as exc:
                 raise to_oserror(exc, path) from exc
             entries = [] if info.is_dir else [info]
-        out = [self._entry(e) for e in entries]
-        return out if detail else [e["name"] for e in out]
+        return [self._entry(e) for e in entries]
 
     async def _exists(self, path: str, **kwargs: Any) -> bool:
         try:
@@ -266,7 +333,9 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
     # -- data -----------------------------------------------------------------------
 
     async def _read(self, path: str, start: int | None, end: int | None) -> bytes:
-        ns = await self._ns(path)
+        ns = await self._route(path)
+        if ns is None:
+            return await self._under.read(self._strip_protocol(path), start, end)
         aio = self.client()
         try:
             if (start is not None and start < 0) or (end is not None and end < 0):
@@ -286,9 +355,18 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
 
     async def _cat_many(self, paths: Iterable[str]) -> dict[str, bytes | OSError]:
         """Whole files by this filesystem's paths: one request per worker."""
-        by_ns = {await self._ns(p): p for p in dict.fromkeys(paths)}
-        got = await self.client().cat_many(list(by_ns))
+        by_ns: dict[str, str] = {}
         out: dict[str, bytes | OSError] = {}
+        for p in dict.fromkeys(paths):
+            ns = await self._route(p)
+            if ns is not None:
+                by_ns[ns] = p
+                continue
+            try:
+                out[p] = await self._under.read(self._strip_protocol(p), None, None)
+            except OSError as exc:
+                out[p] = exc
+        got = await self.client().cat_many(list(by_ns)) if by_ns else {}
         for ns, p in by_ns.items():
             v = got[ns]
             out[p] = to_oserror(v, p) if isinstance(v, ShoalError) else v
@@ -360,7 +438,10 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
 
     async def _small(self, path: str) -> bool:
         """True when the file's size is known (no round trip) and at most SMALL_FILE."""
-        np = split_path(await self._ns(path))
+        ns = await self._route(path)
+        if ns is None:
+            return False
+        np = split_path(ns)
         hit = self.client_cache.datasets.get(np.dataset)
         info = self.client_cache.info(hit[0], np.key_path) if hit is not None and np.rel else None
         return info is not None and info.size <= SMALL_FILE
@@ -394,9 +475,9 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
             self,
             path,
             mode,
-            block_size=block_size or DEFAULT_BLOCK,
-            cache_type=kwargs.get("cache_type", "readahead"),
-            cache_options=cache_options,
+            block_size=self.block_size if block_size is None else block_size,
+            cache_type=kwargs.get("cache_type") or self.cache_type,
+            cache_options=self.cache_options if cache_options is None else cache_options,
             size=kwargs.get("size"),
         )
 
@@ -417,7 +498,7 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
 
 
 class ShoalFile(AbstractBufferedFile):
-    """A read-only file; fsspec's cache (readahead by default) sits over ``_fetch_range``."""
+    """A read-only file; a block cache (PatternCache by default) sits over ``_fetch_range``."""
 
     fs: ShoalFileSystem
 

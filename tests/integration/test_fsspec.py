@@ -309,6 +309,12 @@ def test_chained_url_keeps_original_paths(env: tuple[TestCluster, Path]) -> None
     got = fs.cat([f"s3://{BUCKET}/{k}" for k in keys])
     assert got == {f"{BUCKET}/{k}": FILES[k] for k in keys}
     assert fs.client_cache.counters.ufs_fallback == 0  # served by shoal, not by S3 directly
+    # a URL no dataset mounts is read through s3fs by default (test_fsspec_ecosystem);
+    # unmounted="raise" refuses it
+    strict, _ = fsspec.core.url_to_fs(
+        f"shoal::s3://{BUCKET}/x", shoal={**opts["shoal"], "unmounted": "raise"}
+    )
     with pytest.raises(FileNotFoundError, match="no shoal dataset mounts"):
-        fs.cat_file("s3://other-bucket/x")
+        strict.cat_file("s3://other-bucket/x")
     fs.close()
+    strict.close()
