@@ -148,6 +148,16 @@ class PageStore(ABC):
         """Every cached file version of a dataset at or below a path prefix."""
         return []
 
+    def refusal(self) -> str:
+        """Why the last put that returned False was refused ("" = not known)."""
+        return ""
+
+    def reclaim(self, budget: int) -> bool:
+        """Do a bounded slice (``budget`` directory entries) of reclaiming on-disk data
+        that the store does not track; True while there is more to do. Default:
+        nothing to reclaim."""
+        return False
+
     def flush(self) -> None:
         """Persist buffered bookkeeping (index rows, access statistics); call it now and
         then, e.g. from the worker's loop. Default: nothing is buffered."""

@@ -63,6 +63,8 @@ class Catalog:
         self.by_path: dict[tuple[str, str], set[str]] = {}
         #: (dataset, directory) -> paths of the files cached in it
         self.by_dir: dict[tuple[str, str], set[str]] = {}
+        #: data file names of the large file versions (what reclaim must not unlink)
+        self.large_names: set[str] = set()
         self._expiry: list[tuple[float, int, FileKey]] = []
         self._seq = 0  # tie-breaker: FileKeys do not order
         self.large_bytes = 0
@@ -116,6 +118,8 @@ class Catalog:
     def add_file(self, fk: FileKey, st: FileState) -> None:
         """A new file version (not yet in the policy: the caller adds it)."""
         self.files[fk] = st
+        if st.large:
+            self.large_names.add(st.name)
         self.datasets.setdefault(fk.dataset, {})[fk] = st
         self.by_path.setdefault((fk.dataset, fk.path), set()).add(fk.version)
         self.by_dir.setdefault((fk.dataset, fk.path.rpartition("/")[0]), set()).add(fk.path)
@@ -167,6 +171,7 @@ class Catalog:
                 self.segments.mark_dead(e.seg, key)
         if st.large:
             self.large_bytes -= st.bytes
+            self.large_names.discard(st.name)
             self.index.delete_file(fk)
             try:
                 self.large.remove(st.name)

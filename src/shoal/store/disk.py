@@ -13,6 +13,14 @@ the bytes of the large-file pages present. The eviction unit is a small file or 
 large-file version. A read touches no SQLite and opens no file: a dict lookup, one
 ``os.pread`` on a cached descriptor, one xxh3.
 
+The tier's room is the smaller of its declared capacity and what its filesystem
+really has (:mod:`~shoal.store.space`); a write that fails with ``ENOSPC`` makes room
+by the real free space and is retried once. A refused put is logged aggregated (one
+line per interval) and its reason kept (:meth:`DiskTier.refusal`). A disk that keeps
+failing takes the tier down for a while (:mod:`~shoal.store.health`): reads miss and
+puts are refused without touching it. Data files the index does not track are
+reclaimed by a background walk (:mod:`~shoal.store.reclaim`, :meth:`DiskTier.reclaim`).
+
 Index rows are committed in batches as writes happen; call :meth:`DiskTier.flush` now
 and then (e.g. every 100 ms from the worker's loop) so that access statistics and the
 tail of a burst are persisted while idle. After a crash, bytes written after the last
@@ -21,6 +29,7 @@ commit are leaked (until their segment is compacted), never served.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
@@ -37,14 +46,19 @@ from shoal.store.base import Location, PageStore, PutMeta, Usage
 from shoal.store.catalog import Catalog, FileState
 from shoal.store.eviction import PerDataset
 from shoal.store.fds import FdCache
+from shoal.store.health import DOWN, NORMAL, UNSTABLE, TierHealth
 from shoal.store.index import FileRow, PageEntry, TierIndex
 from shoal.store.largefiles import LargeFiles, data_name
+from shoal.store.reclaim import Reclaimer
 from shoal.store.segments import SegmentSet
+from shoal.store.space import Aggregated, FsSpace
 
 log = logging.getLogger("shoal.store.disk")
 
 MiB = 1 << 20
 _checksum = xxhash.xxh3_64_intdigest
+#: write errors that mean "no room": make room by the filesystem's real free space
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class DiskTier(PageStore):
@@ -68,8 +82,13 @@ class DiskTier(PageStore):
         self.root = spec.path
         self.demote_to = demote_to
         self._clock = clock
-        if segment_size is None:
-            segment_size = min(64 * MiB, max(64 * 1024, spec.capacity // 16))
+        self._space = FsSpace(self.root)
+        self._health = TierHealth()
+        #: mirrors of the health state the hot paths test (one attribute, no call)
+        self._is_down = self._unwell = False
+        self._warnings = Aggregated(log)
+        #: why the last refused put was refused (see PageStore.refusal)
+        self._refusal = ""
         self._seg_fds = FdCache(1024)
         self._large_fds = FdCache(64)
         self._evicted_bytes = 0
@@ -79,16 +98,24 @@ class DiskTier(PageStore):
         try:
             layout.prepare(self.root)
             try:
-                self._open(segment_size)
+                self._open(segment_size or 64 * 1024)
             except sqlite3.DatabaseError as exc:
                 log.warning(
                     "tier %s: index unreadable (%s): discarding cached data", self.name, exc
                 )
                 layout.wipe(self.root)
-                self._open(segment_size)
+                self._open(segment_size or 64 * 1024)
         except BaseException:
             layout.unlock(self._lock_fd)
             raise
+        self._space.refresh(self._cat.used())
+        if segment_size is None:
+            # segments roll at 1/16 of the room the tier really has, so that a tier
+            # declared larger than its disk still has segments small enough to compact
+            self._segments.target_size = min(64 * MiB, max(64 * 1024, self._capacity() // 16))
+        self._reclaimer: Reclaimer | None = Reclaimer(
+            self.root, self._segments.__contains__, self._cat.large_names.__contains__
+        )
         log.info(
             "tier %s at %s: %d files, %d bytes from the index",
             self.name,
@@ -99,6 +126,8 @@ class DiskTier(PageStore):
 
     def _open(self, segment_size: int) -> None:
         """Open the index and rebuild the catalog from it (DatabaseError if unreadable)."""
+        for sub in (layout.SEG_DIR, layout.FILES_DIR):
+            os.makedirs(os.path.join(self.root, sub), mode=0o700, exist_ok=True)
         index = TierIndex(os.path.join(self.root, layout.INDEX_FILE))
         seg_dir = os.path.join(self.root, layout.SEG_DIR)
         segments = SegmentSet(seg_dir, segment_size, self._seg_fds, index)
@@ -137,13 +166,54 @@ class DiskTier(PageStore):
             else:
                 data = self._large.read(self._cat.files[key.file].name, e.offset, e.length)
         except OSError as exc:
-            log.warning("tier %s: read of %s failed, dropping it: %s", self.name, key, exc)
+            self._warnings.note(
+                "read_error",
+                f"tier {self.name}: %d reads failed in the last %.0fs, dropped (last: %s)",
+                f"{key}: {exc}",
+            )
+            self._io_error()
             self._cat.drop_file(key.file)
             return None
+        if self._unwell:
+            self._io_ok()
         if len(data) != e.length or _checksum(data) != e.checksum:
             self._corrupt(key, "checksum mismatch")
             return None
         return data
+
+    # -- health (see shoal.store.health): a failing disk is skipped, not retried ------
+
+    def _down(self) -> bool:
+        """True while the tier is down: skip it (reads miss, puts are refused). The hot
+        paths call it only when ``_is_down`` is set."""
+        ok, moved = self._health.usable()
+        if moved:
+            log.info("tier %s: trying its disk again", self.name)
+        self._is_down = not ok
+        return not ok
+
+    def _io_error(self) -> None:
+        moved = self._health.error()
+        self._unwell, self._is_down = True, self._health.state == DOWN
+        if moved == DOWN:
+            log.warning(
+                "tier %s: its disk keeps failing: skipped (reads miss, puts refused) "
+                "for %.0fs, then tried again",
+                self.name,
+                self._health.backoff,
+            )
+        elif moved == UNSTABLE:
+            log.warning("tier %s: I/O errors on its disk: unstable", self.name)
+
+    def _io_ok(self) -> None:
+        if self._health.success() == NORMAL:
+            self._unwell = False
+            log.info("tier %s: its disk works again: back to normal", self.name)
+
+    @property
+    def health(self) -> str:
+        """normal, unstable, down or probing."""
+        return self._health.state
 
     def _corrupt(self, key: PageKey, why: str) -> None:
         self._corrupt_pages += 1
@@ -154,6 +224,8 @@ class DiskTier(PageStore):
             self._cat.drop_page(key)
 
     def get(self, key: PageKey) -> bytes | None:
+        if self._is_down and self._down():
+            return None
         now = self._clock()
         e = self._live(key, now)
         if e is None:
@@ -170,6 +242,8 @@ class DiskTier(PageStore):
         return self._locate(key, False)
 
     def _locate(self, key: PageKey, touch: bool) -> Location | None:
+        if self._is_down and self._down():
+            return None
         now = self._clock()
         e = self._live(key, now)
         if e is None:
@@ -183,6 +257,8 @@ class DiskTier(PageStore):
         return Location(path, e.offset, e.length, e.checksum, self.name)
 
     def touch(self, key: PageKey) -> bool:
+        if self._is_down and self._down():
+            return False
         now = self._clock()
         e = self._live(key, now)
         if e is None:
@@ -191,6 +267,8 @@ class DiskTier(PageStore):
         return True
 
     def locate_file(self, file: FileKey) -> Location | None:
+        if self._is_down and self._down():
+            return None
         st = self._cat.files.get(file)
         if st is None or len(st.pages) < st.npages:
             return None
@@ -203,10 +281,10 @@ class DiskTier(PageStore):
         return Location(self._large.path(st.name), 0, st.size, 0, self.name)
 
     def contains(self, key: PageKey) -> bool:
-        return key in self._cat.pages
+        return key in self._cat.pages and not (self._is_down and self._down())
 
     def has_file(self, file: FileKey) -> bool:
-        return file in self._cat.files
+        return file in self._cat.files and not (self._is_down and self._down())
 
     def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
         p = prefix.rstrip("/")
@@ -259,6 +337,8 @@ class DiskTier(PageStore):
             log.info("tier %s: %s cached with another geometry, replacing it", self.name, fk)
             self._cat.drop_file(fk)
             st = None
+        if self._is_down and self._down():
+            return self._refuse("down", "tier down: its disk keeps failing", key)
         e = self._cat.pages.get(key)
         if e is not None:
             if meta.pin and not e.pinned:
@@ -267,14 +347,52 @@ class DiskTier(PageStore):
                 self._index.put_page(key, e)
             return True
         try:
-            if not self._make_room(len(data), fk):
-                return False
-            self._write(key, data, meta, st)
+            self._store(key, data, meta, st)
         except OSError as exc:
-            log.warning("tier %s: cannot store %s: %s", self.name, key, exc)
-            return False
+            if exc.errno not in _NO_SPACE:
+                self._io_error()
+                return self._refuse("write_error", f"cannot write: {exc}", key)
+            # the filesystem is fuller than the last check said: look again, make room
+            # by what is really free (evicting), and retry once
+            self._space.refresh(self._cat.used())
+            try:
+                self._store(key, data, meta, self._cat.files.get(fk))
+            except (OSError, _NoRoom) as exc2:
+                why = exc2.strerror if isinstance(exc2, OSError) else None
+                if why:  # out of room even after making room: quota, inodes, a bad disk
+                    self._io_error()
+                return self._refuse("no_space", f"cache full: {why or exc2}", key)
+        except _NoRoom as why:
+            return self._refuse("full", f"cache full: {why}", key)
+        if self._unwell:
+            self._io_ok()
         self._index.maybe_flush()
         return True
+
+    def _store(
+        self, key: PageKey, data: bytes | memoryview, meta: PutMeta, st: FileState | None
+    ) -> None:
+        """Make room and write (OSError, or _NoRoom when eviction cannot make room)."""
+        if not self._make_room(len(data), key.file):
+            raise _NoRoom(self._no_room_reason(len(data)))
+        self._write(key, data, meta, st)
+
+    def _no_room_reason(self, need: int) -> str:
+        room = self._space.last()
+        if room is not None and room < self.spec.capacity:
+            return f"its filesystem has room for {room} bytes, {need} more do not fit"
+        return f"{need} more bytes do not fit in {self.spec.capacity} (pinned or too large)"
+
+    def _refuse(self, kind: str, why: str, key: PageKey) -> bool:
+        """A put that could not be stored: remember why, log it aggregated; False."""
+        self._refusal = why
+        self._warnings.note(
+            kind, f"tier {self.name}: %d puts refused in the last %.0fs (last: %s)", f"{key}: {why}"
+        )
+        return False
+
+    def refusal(self) -> str:
+        return self._refusal
 
     def _write(
         self, key: PageKey, data: bytes | memoryview, meta: PutMeta, st: FileState | None
@@ -307,9 +425,14 @@ class DiskTier(PageStore):
 
     # -- space -----------------------------------------------------------------------
 
+    def _capacity(self, need: int = 0) -> int:
+        """The declared capacity, or less where the filesystem has less room."""
+        room = self._space.ceiling(self._cat.used(), need)
+        return self.spec.capacity if room is None else min(self.spec.capacity, room)
+
     def _make_room(self, need: int, putting: FileKey) -> bool:
         """Evict (by policy) until ``need`` more bytes fit; False if they cannot."""
-        cap = self.spec.capacity
+        cap = self._capacity(need)
         high = cap * self.spec.high_watermark
         if self._cat.used() + need <= high:
             return True
@@ -332,7 +455,16 @@ class DiskTier(PageStore):
                 continue
             if seg == segs.active:
                 segs.roll()
-            self._compact(seg)
+            if not self._compact(seg):
+                break  # the filesystem has no room to copy live entries to
+        # a full filesystem cannot take compaction's copies: evict on, since a segment
+        # whose entries are all dead goes without copying anything
+        while self._cat.used() + need > high:
+            victim = self._policy.pop_victim(skip)
+            if victim is None:
+                break
+            self._evict(victim)
+            self._compact_ready()
         return self._cat.used() + need <= high
 
     def _evict(self, fk: FileKey) -> None:
@@ -357,26 +489,36 @@ class DiskTier(PageStore):
         for seg in self._segments.take_ready():
             self._compact(seg)
 
-    def _compact(self, seg: int) -> None:
-        """Copy a segment's live entries to the active segment, then unlink it.
+    def _compact(self, seg: int) -> bool:
+        """Copy a segment's live entries to the active segment, then unlink it; False
+        (the segment stays, to be compacted later) if the copies or the commit failed.
 
         The old bytes are never overwritten: a reader holding the old location and an
         open descriptor still reads them after the unlink.
         """
-        for key in self._segments.members(seg):
-            assert isinstance(key, PageKey)
-            e = self._cat.pages[key]
-            data = self._read(key, e)
-            if data is None:
-                continue
-            new_seg, new_offset = self._segments.append(key, data)
-            self._segments.mark_dead(seg, key)
-            e.seg, e.offset = new_seg, new_offset
-            self._cat.changes += 1
-            self._index.put_page(key, e)
+        moved = False
+        try:
+            for key in self._segments.members(seg):
+                assert isinstance(key, PageKey)
+                e = self._cat.pages[key]
+                data = self._read(key, e)
+                if data is None:
+                    continue
+                new_seg, new_offset = self._segments.append(key, data)
+                self._segments.mark_dead(seg, key)
+                e.seg, e.offset = new_seg, new_offset
+                self._cat.changes += 1
+                self._index.put_page(key, e)
+                moved = True
+        except OSError:
+            self._segments.recheck(seg)
+            return False
         # the new locations must be committed before the old bytes go away
-        self._index.flush(touches=False)
+        if not self._index.flush(touches=False) and moved:
+            self._segments.recheck(seg)
+            return False
         self._segments.remove(seg)
+        return True
 
     def _drop_files(self, files: list[FileKey], what: str) -> int:
         freed = 0
@@ -406,8 +548,9 @@ class DiskTier(PageStore):
     # -- the rest ----------------------------------------------------------------------
 
     def usage(self) -> Usage:
+        room = self._space.last()
         return Usage(
-            capacity=self.spec.capacity,
+            capacity=self.spec.capacity if room is None else min(self.spec.capacity, room),
             used=self._cat.used(),
             pages=len(self._cat.pages),
             files=len(self._cat.files),
@@ -423,6 +566,8 @@ class DiskTier(PageStore):
         if self._closed:
             return
         self._closed = True
+        if self._reclaimer is not None:
+            self._reclaimer.close()
         try:
             self._index.close()
         finally:
@@ -430,5 +575,28 @@ class DiskTier(PageStore):
             self._large_fds.close()
             layout.unlock(self._lock_fd)
 
+    def reclaim(self, budget: int) -> bool:
+        """Look at up to ``budget`` entries of the tier's data directories and unlink the
+        data files the index does not track (see :mod:`~shoal.store.reclaim`); False
+        once the walk (done once per open) is over."""
+        r = self._reclaimer
+        if r is None or self._closed:
+            return False
+        if r.step(budget):
+            return True
+        self._reclaimer = None
+        if r.files:
+            log.info(
+                "tier %s: reclaimed %d untracked data files (%d bytes)",
+                self.name,
+                r.files,
+                r.bytes,
+            )
+        return False
+
     def __repr__(self) -> str:
         return f"DiskTier({self.name}:{self.root})"
+
+
+class _NoRoom(Exception):
+    """Eviction could not make room for a put (the message says why)."""

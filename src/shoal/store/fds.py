@@ -24,7 +24,7 @@ class FdCache:
             self._fds.move_to_end(path)
             return fd
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o600)
         self._fds[path] = fd
         while len(self._fds) > self.limit:
             _, old = self._fds.popitem(last=False)

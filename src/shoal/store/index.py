@@ -24,12 +24,14 @@ catches that on read.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from shoal.core.types import FileKey, PageKey
+from shoal.store.space import Aggregated
 
 log = logging.getLogger("shoal.store.disk")
 
@@ -60,6 +62,21 @@ def _to_i64(x: int) -> int:
 
 def _to_u64(x: int) -> int:
     return x + _U64 if x < 0 else x
+
+
+def _private(path: str) -> None:
+    """Create the database file 0600 (or make an older one so) before SQLite opens it:
+    SQLite gives its -wal and -shm files the database file's mode."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return  # SQLite reports the real problem
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class PageEntry:
@@ -136,6 +153,7 @@ class TierIndex:
         self.flush_rows = flush_rows
         self.touch_interval = touch_interval
         self._clock = clock
+        _private(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -148,6 +166,7 @@ class TierIndex:
         self._files: dict[FileKey, FileRow | None] = {}
         self._segs: dict[int, int | None] = {}
         self._touched: dict[PageKey, PageEntry] = {}
+        self._warnings = Aggregated(log)
         self._last_flush = self._last_touch_flush = clock()
 
     # -- loading ---------------------------------------------------------------------
@@ -247,9 +266,12 @@ class TierIndex:
                     "DELETE FROM segments WHERE id=?", [(s,) for s, n in segs.items() if n is None]
                 )
         except sqlite3.Error as exc:
-            # keep the batch; the next flush retries it
-            log.warning(
-                "tier index commit failed (%d changes kept for retry): %s", self.pending, exc
+            # keep the batch; the next flush retries it (a full disk fails every flush:
+            # one line per interval, not five a second)
+            self._warnings.note(
+                "commit",
+                "tier index: %d commits failed in the last %.0fs, changes kept for retry (%s)",
+                f"{self.pending} changes pending: {exc}",
             )
             self._last_flush = now
             return False

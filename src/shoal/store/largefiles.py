@@ -8,6 +8,7 @@ unlinked, never hole-punched, so a reader holding a descriptor keeps its bytes.
 
 from __future__ import annotations
 
+import errno
 import os
 
 import xxhash
@@ -37,13 +38,13 @@ class LargeFiles:
     def create(self, name: str, size: int) -> None:
         """A fresh sparse file of ``size`` bytes (a leftover of a crash is unlinked first)."""
         path = self.path(name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         self._fds.discard(path)
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
         finally:
@@ -52,7 +53,7 @@ class LargeFiles:
     def write(self, name: str, offset: int, data: bytes | memoryview) -> None:
         written = os.pwrite(self._fds.get(self.path(name)), data, offset)
         if written != len(data):
-            raise OSError(f"short write to {name}: {written} of {len(data)} bytes")
+            raise OSError(errno.ENOSPC, f"short write to {name}: {written} of {len(data)} bytes")
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         return os.pread(self._fds.get(self.path(name)), length, offset)

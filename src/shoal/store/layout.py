@@ -8,6 +8,9 @@
     <tier>/seg/<id>.seg         append-only segments of small files
     <tier>/files/<xx>/<h>.data  one sparse data file per large file version
 
+Everything the tier creates is private to the service user (files 0600, directories
+0700): same-host readers get open descriptors from the worker, never open by name.
+
 A directory with another layout version (or data but no layout file) is wiped, with a
 warning: the cache is refetchable, a wrong interpretation of its bytes is not.
 """
@@ -36,8 +39,8 @@ _OWNED = (INDEX_FILE, INDEX_FILE + "-wal", INDEX_FILE + "-shm", SEG_DIR, FILES_D
 
 def lock(root: str) -> int:
     """Take the tier's lock (InvalidArgument if another store has it open); the fd."""
-    os.makedirs(root, exist_ok=True)
-    fd = os.open(os.path.join(root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -74,7 +77,9 @@ def prepare(root: str) -> None:
         )
         wipe(root)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(
+        os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8"
+    ) as f:
         json.dump(expected, f)
         f.flush()
         os.fsync(f.fileno())

@@ -14,6 +14,7 @@ they are leaked until their segment is compacted or dropped.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Hashable
 
@@ -88,7 +89,10 @@ class SegmentSet:
             # the bytes past ``offset`` are garbage now; never reuse them
             self._ends[seg] += max(0, written)
             self.total_bytes += max(0, written)
-            raise OSError(f"short write to segment {seg}: {written} of {length} bytes")
+            # a short write to a regular file means the filesystem is out of room
+            raise OSError(
+                errno.ENOSPC, f"short write to segment {seg}: {written} of {length} bytes"
+            )
         self._ends[seg] = offset + length
         self.total_bytes += length
         self._members[seg][key] = length
@@ -101,13 +105,13 @@ class SegmentSet:
         return os.pread(self._fds.get(self.path(seg)), length, offset)
 
     def _new_segment(self) -> int:
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         while True:
             seg = self._next_id
             self._next_id += 1
             try:
                 # O_EXCL: a leftover file of a crashed process may still be read by someone
-                fd = os.open(self.path(seg), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(self.path(seg), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 continue
             os.close(fd)
@@ -134,6 +138,11 @@ class SegmentSet:
     def _check(self, seg: int) -> None:
         if seg != self._active and self.dead_bytes(seg) > self.threshold * self._ends[seg]:
             self._ready.add(seg)
+
+    def recheck(self, seg: int) -> None:
+        """A compaction of ``seg`` failed: offer it again with the next ready ones."""
+        if seg in self._ends:
+            self._check(seg)
 
     def check_all(self) -> None:
         """Find every segment worth compacting (after a restart)."""

@@ -33,6 +33,7 @@ class TieredStore(PageStore):
         if not tiers:
             raise InvalidArgument("a tiered store needs at least one tier")
         self.tiers = list(tiers)
+        self._refusal = ""
         if demote:
             for upper, lower in zip(self.tiers, self.tiers[1:], strict=False):
                 if isinstance(upper, DiskTier) and upper.demote_to is None:
@@ -89,7 +90,23 @@ class TieredStore(PageStore):
             holder = next((t for t in allowed if t.has_file(key.file)), None)
             if holder is not None and holder.put(key, data, meta):
                 return True
-        return any(tier.put(key, data, meta) for tier in allowed if tier is not holder)
+        if any(tier.put(key, data, meta) for tier in allowed if tier is not holder):
+            return True
+        self._refusal = (
+            "; ".join(f"{t.name}: {t.refusal() or 'refused'}" for t in allowed)
+            or f"no tier allowed (the dataset allows {', '.join(meta.tiers)})"
+        )
+        return False
+
+    def refusal(self) -> str:
+        return self._refusal
+
+    def reclaim(self, budget: int) -> bool:
+        """One slice of each tier's reclaim walk, fastest tier first."""
+        more = False
+        for tier in self.tiers:
+            more = tier.reclaim(budget) or more
+        return more
 
     def contains(self, key: PageKey) -> bool:
         return any(tier.contains(key) for tier in self.tiers)

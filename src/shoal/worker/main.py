@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import json
 import logging
 import os
@@ -36,6 +37,38 @@ log = logging.getLogger("shoal.worker")
 _UDS_MAX = 100
 
 
+#: directory entries the reclaim walk looks at per slice, and the pause between slices
+RECLAIM_SLICE = 256
+RECLAIM_PAUSE = 0.01
+#: the group (name or id) that may connect to the Unix socket besides the service user
+#: (default: the service user's own group); any other local user gets no access
+ENV_SOCKET_GROUP = "SHOAL_SOCKET_GROUP"
+
+
+def _socket_group() -> int:
+    """The gid from SHOAL_SOCKET_GROUP (InvalidArgument if unknown), else our own."""
+    name = os.environ.get(ENV_SOCKET_GROUP, "").strip()
+    if not name:
+        return os.getegid()
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise InvalidArgument(f"{ENV_SOCKET_GROUP}={name!r}: no such group") from None
+
+
+def _private_socket(path: str, gid: int) -> None:
+    """Same-host readers get descriptors of cached data over this socket: 0660, owned
+    by the service user and the socket group (see ENV_SOCKET_GROUP)."""
+    if gid != os.getegid():
+        try:
+            os.chown(path, -1, gid)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot give {path} to group {gid}: {exc}") from None
+    os.chmod(path, 0o660)
+
+
 def _identity(work_dir: Path) -> str:
     """A stable worker id: the same worker keeps its ring position across restarts."""
     f = work_dir / "id"
@@ -61,6 +94,7 @@ class Worker:
         if not settings.tiers:
             raise InvalidArgument("a worker needs at least one --tier NAME:PATH:SIZE")
         self.settings = settings
+        self._socket_gid = _socket_group()
         self.work_dir = Path(settings.work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.id = _identity(self.work_dir)
@@ -92,7 +126,7 @@ class Worker:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.uds)
         uds = await loop.create_unix_server(lambda: Conn(self.service, True), self.uds)
-        os.chmod(self.uds, 0o666)
+        _private_socket(self.uds, self._socket_gid)
         self._servers = [tcp, uds]
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
@@ -105,6 +139,7 @@ class Worker:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         self._tasks.append(loop.create_task(self._heartbeat_loop()))
         self._tasks.append(loop.create_task(self._flush_loop()))
+        self._tasks.append(loop.create_task(self._reclaim_loop()))
         self.runner = TaskRunner(
             s.master,
             self.id,
@@ -185,7 +220,9 @@ class Worker:
             if prev is not None and prev.generation != ds.generation:
                 # a policy change or a new manifest (sync): cached metadata may be stale
                 self.loader.forget(ds.name)
-                if prev.policy.page_size != ds.policy.page_size or prev.mounts != ds.mounts:
+                # a new page size keeps the cache: old-layout pages are misses and age
+                # out (shoal.worker.loader); new mounts are other data altogether
+                if prev.mounts != ds.mounts:
                     self.store.delete(dataset=ds.name)
             have = self.loader.manifests.get(ds.name)
             if ds.manifest and (have is None or have[0] != ds.manifest):
@@ -227,6 +264,12 @@ class Worker:
         while True:
             await asyncio.sleep(0.2)
             self.store.flush()
+
+    async def _reclaim_loop(self) -> None:
+        """Unlink cache data files the store's index does not track (a lost index, a
+        crash before a commit), a slice at a time after start: never a blocking scan."""
+        while self.store.reclaim(RECLAIM_SLICE):
+            await asyncio.sleep(RECLAIM_PAUSE)
 
     async def _heartbeat_loop(self) -> None:
         interval = 2.0
