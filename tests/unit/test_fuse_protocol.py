@@ -95,3 +95,33 @@ def test_write_ops_are_all_refused() -> None:
     for op in (p.Op.SETATTR, p.Op.CREATE, p.Op.MKDIR, p.Op.UNLINK, p.Op.RENAME2, p.Op.WRITE):
         assert op in p.WRITE_OPS
     assert p.Op.READ not in p.WRITE_OPS and p.Op.FORGET in p.NO_REPLY
+
+
+def test_invalidation_notifications_and_nanosecond_attrs() -> None:
+    msg = p.encode_inval_inode(7)
+    length, code, unique = p.OUT_HEADER.unpack_from(msg)
+    assert (length, code, unique) == (len(msg), p.NOTIFY_INVAL_INODE, 0)
+    assert p.NOTIFY_INVAL_INODE_OUT.unpack_from(msg, p.OUT_HEADER.size) == (7, 0, 0)
+    msg = p.encode_inval_entry(3, b"name.bin")
+    length, code, unique = p.OUT_HEADER.unpack_from(msg)
+    assert (length, code, unique) == (len(msg), p.NOTIFY_INVAL_ENTRY, 0)
+    parent, namelen, _ = p.NOTIFY_INVAL_ENTRY_OUT.unpack_from(msg, p.OUT_HEADER.size)
+    body = msg[p.OUT_HEADER.size + p.NOTIFY_INVAL_ENTRY_OUT.size :]
+    assert (parent, namelen, body) == (3, 8, b"name.bin\0")
+    ns = 1_700_000_000_123_456_789
+    f = p.ATTR.unpack(p.ATTR.pack(*p.attr_values(5, 1, 0.0, 0o100444, 1, 0, 0, 4096, ns)))
+    assert (f[4], f[7]) == (1_700_000_000, 123_456_789)  # mtime, mtimensec
+
+
+def test_link_targets_resolve_inside_the_mount_and_versions_carry_mtimes() -> None:
+    from shoal.fuse.nodes import Node, readlink, version_mtime_ns
+
+    def node(key: str, link: str) -> Node:
+        return Node(9, "/ds/" + key, "ds", key, False, link=link)
+
+    assert readlink(node("m/link.txt", "a.txt")) == b"a.txt"
+    assert readlink(node("m/d/e/link", "x/y.bin")) == b"../../x/y.bin"
+    assert readlink(node("m/d/up", ".")) == b".."  # a link to the mount's root
+    assert version_mtime_ns(5, "5-1700000000123456789") == 1_700_000_000_123_456_789
+    assert version_mtime_ns(5, "6-17") == 0 and version_mtime_ns(5, "etag") == 0
+    assert p.file_mode(False, True) & 0o170000 == stat.S_IFLNK and p.dtype(False, True) == 10

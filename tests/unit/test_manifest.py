@@ -39,3 +39,18 @@ def test_round_trip_and_a_million_entries_list_fast() -> None:
     assert len(back) == len(man) and back.get(paths[12345]) == man.get(paths[12345])
     assert len(back.ls("train")) == 200
     assert len(back.ls("train/0007")) == 1000
+
+
+def test_nanosecond_mtimes_round_trip_and_format_1_is_read() -> None:
+    import msgpack
+
+    ns = 1_700_000_000_123_456_789
+    man = Manifest("ds", [Entry("m/a", 1, "v", ns / 1e9, ns)], 1.0)
+    back = Manifest.from_bytes(man.to_bytes())
+    e = back.get("m/a")
+    assert e is not None and e.mtime_ns == ns and e.info().mtime_ns == ns
+    assert Entry.from_row(["m/b", 2, "v", 1.5]).mtime_ns == 1_500_000_000
+    v1 = {"v": 1, "dataset": "ds", "built_at": 1.0, "entries": [["m/a", 1, "v", 1.5]]}
+    old = Manifest.from_bytes(msgpack.packb(v1, use_bin_type=True))
+    got = old.get("m/a")
+    assert got is not None and got.mtime == 1.5 and got.mtime_ns == 1_500_000_000

@@ -80,3 +80,27 @@ def test_sizes_and_durations() -> None:
     assert parse_duration("5m") == 300 and parse_duration("never") == NEVER
     with pytest.raises(InvalidArgument):
         parse_size("lots")
+
+
+def test_file_info_mtime_nanoseconds_survive_copies_and_the_wire() -> None:
+    from dataclasses import replace
+
+    from shoal.core.types import FileInfo
+
+    ns = 1_700_000_000_123_456_789  # a float holds this only to ~240 ns
+    a = FileInfo("a", 1, "v", mtime_ns=ns)
+    assert a.mtime_ns == ns and abs(a.mtime - ns / 1e9) < 1e-6
+    # layers that copy the float field into a new FileInfo keep the nanoseconds
+    assert FileInfo("b", 1, "v", a.mtime, False).mtime_ns == ns
+    assert FileInfo.from_wire(a.to_wire()) == a
+    assert FileInfo.from_wire(a.to_wire()[:5]).mtime_ns // 1000 == ns // 1000  # old peers
+    old = FileInfo("c", 1, "v", 1.5)  # a float only: nanoseconds derived
+    assert old.mtime == 1.5 and old.mtime_ns == 1_500_000_000
+    assert replace(a, mtime=2.0).mtime_ns == 2_000_000_000
+    assert replace(a, mtime_ns=5).mtime_ns == 5
+    assert FileInfo("d", 0, "").mtime_ns == 0
+    import json
+    import pickle
+
+    assert json.loads(json.dumps(a.mtime)) == float(a.mtime)
+    assert pickle.loads(pickle.dumps(a)) == a

@@ -4,7 +4,9 @@ of thousands of LIST calls.
 
 Paths are key paths inside the dataset ('<mount>/<relative path>'), sorted, so the
 children of a directory are a contiguous run found by bisection. The wire form is
-msgpack: ``{"v": 1, "dataset", "built_at", "entries": [[path, size, version, mtime]...]}``.
+msgpack: ``{"v": 2, "dataset", "built_at", "entries": [[path, size, version, mtime,
+mtime_ns(, link)]...]}`` (format 1, without mtime_ns, is still read; ``link`` only for
+symbolic links, see :class:`~shoal.core.types.FileInfo`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from typing import Any
 
 import msgpack
 
-from shoal.core.types import FileInfo
+from shoal.core.types import FileInfo, mtime_ns_of
 from shoal.errors import ProtocolError
 
-FORMAT = 1
+FORMAT = 2
+#: formats this code reads
+READS = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +33,34 @@ class Entry:
     size: int
     version: str
     mtime: float
+    #: nanoseconds (0: derive from ``mtime``), exact where the store gives them
+    mtime_ns: int = 0
+    #: a symbolic link's target relative to the mount root ("" for a plain file)
+    link: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.mtime_ns and self.mtime:
+            object.__setattr__(self, "mtime_ns", mtime_ns_of(self.mtime))
 
     def info(self) -> FileInfo:
-        return FileInfo(self.path, self.size, self.version, self.mtime, False)
+        return FileInfo(
+            self.path, self.size, self.version, self.mtime, False, self.mtime_ns, self.link
+        )
+
+    @classmethod
+    def from_row(cls, row: list[Any] | tuple[Any, ...]) -> Entry:
+        """From ``[path, size, version, mtime(, mtime_ns(, link))]`` (workers' lists
+        and manifest entries)."""
+        path, size, version, mtime = row[:4]
+        ns = int(row[4]) if len(row) > 4 and row[4] else 0
+        link = str(row[5]) if len(row) > 5 and row[5] else ""
+        return cls(str(path), int(size), str(version), float(mtime), ns, link)
+
+    def row(self) -> list[Any]:
+        out = [self.path, self.size, self.version, float(self.mtime), self.mtime_ns]
+        if self.link:
+            out.append(self.link)
+        return out
 
 
 class Manifest:
@@ -132,7 +161,7 @@ class Manifest:
             "v": FORMAT,
             "dataset": self.dataset,
             "built_at": self.built_at,
-            "entries": [[e.path, e.size, e.version, e.mtime] for e in self._entries],
+            "entries": [e.row() for e in self._entries],
         }
         out: bytes = msgpack.packb(body, use_bin_type=True)
         return out
@@ -141,9 +170,9 @@ class Manifest:
     def from_bytes(cls, raw: bytes) -> Manifest:
         try:
             body: Any = msgpack.unpackb(raw, raw=False)
-            if body.get("v") != FORMAT:
-                raise ProtocolError(f"manifest format {body.get('v')} is not {FORMAT}")
-            entries = [Entry(p, int(s), str(v), float(m)) for p, s, v, m in body["entries"]]
+            if body.get("v") not in READS:
+                raise ProtocolError(f"manifest format {body.get('v')} is not one of {READS}")
+            entries = [Entry.from_row(row) for row in body["entries"]]
             return cls(str(body["dataset"]), entries, float(body.get("built_at", 0.0)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ProtocolError(f"unreadable manifest: {exc}") from None

@@ -250,12 +250,47 @@ class Dataset:
         )
 
 
+class Mtime(float):
+    """Seconds since the epoch that remember their exact nanoseconds (``ns``).
+
+    A float holds a current time only to ~240 ns; code that copies ``info.mtime`` into
+    a new :class:`FileInfo` (as many layers do) keeps the nanoseconds this way.
+    """
+
+    __slots__ = ("ns",)
+    ns: int
+
+    def __new__(cls, ns: int) -> Mtime:
+        self = super().__new__(cls, ns / 1e9)
+        self.ns = ns
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Mtime, (self.ns,))
+
+
+def mtime_ns_of(mtime: float) -> int:
+    """Nanoseconds of a modification time in seconds (exact for an :class:`Mtime`)."""
+    if isinstance(mtime, Mtime):
+        return mtime.ns
+    return round(mtime * 1e9) if mtime else 0
+
+
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """A file or directory as under storage describes it.
 
     ``version`` is the ETag where the store has one, else "<size>-<mtime_ns>"; pages are
     keyed by it, so a changed object can never be served from stale pages.
+
+    ``mtime_ns`` is the modification time in integer nanoseconds (0: unknown), exact
+    end to end; ``mtime`` is the same in float seconds, kept for compatibility. Give
+    either: the other is derived (an ``mtime`` given as :class:`Mtime` is exact).
+
+    ``link`` is set for a symbolic link in the source (file:// only) that leads to a
+    file inside the mount root: the target's path relative to that root ("." for the
+    root). The other fields describe the target, as stat(2) does, so readers that do
+    not know links read the target's bytes; the mount shows it as a link.
     """
 
     path: str
@@ -263,13 +298,34 @@ class FileInfo:
     version: str
     mtime: float = 0.0
     is_dir: bool = False
+    mtime_ns: int = 0
+    link: str = ""
+
+    def __post_init__(self) -> None:
+        ns, m = self.mtime_ns, self.mtime
+        if isinstance(m, Mtime):
+            if not ns:
+                object.__setattr__(self, "mtime_ns", m.ns)
+            elif m.ns != ns:  # replace(info, mtime_ns=...): the integer is what changed
+                object.__setattr__(self, "mtime", Mtime(ns))
+        elif m and (not ns or abs(round(m * 1e9) - ns) > 1000):
+            # a float only (or a float that disagrees: replace(info, mtime=...))
+            object.__setattr__(self, "mtime_ns", round(m * 1e9))
+        elif ns:
+            object.__setattr__(self, "mtime", Mtime(ns))
 
     def to_wire(self) -> list[Any]:
-        return [self.path, self.size, self.version, self.mtime, self.is_dir]
+        # the float stays fourth for readers that know five fields
+        w = [self.path, self.size, self.version, float(self.mtime), self.is_dir, self.mtime_ns]
+        if self.link:
+            w.append(self.link)
+        return w
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> FileInfo:
-        return cls(w[0], w[1], w[2], w[3], w[4])
+        ns = int(w[5]) if len(w) > 5 and w[5] else 0
+        link = str(w[6]) if len(w) > 6 and w[6] else ""
+        return cls(w[0], w[1], w[2], w[3], w[4], ns, link)
 
 
 @dataclass(frozen=True, slots=True)

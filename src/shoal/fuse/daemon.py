@@ -50,6 +50,31 @@ class Daemon:
         self._view = memoryview(self._buf)
         self._tasks: set[asyncio.Task[None]] = set()
         self.done: asyncio.Future[None] | None = None
+        self.notifications = 0
+        fs.notify = self.notify
+
+    # -- notifications --------------------------------------------------------------
+
+    async def notify(self, msgs: list[bytes]) -> None:
+        """Write FUSE notifications (invalidations) to the kernel.
+
+        From a thread, never from the loop: invalidating a page waits for its lock,
+        which a read in flight holds until the loop answers it.
+        """
+        if msgs:
+            await asyncio.to_thread(self._write_notifications, msgs)
+
+    def _write_notifications(self, msgs: list[bytes]) -> None:
+        for msg in msgs:
+            try:
+                os.write(self.fd, msg)
+                self.notifications += 1
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue  # the kernel holds no such inode or name: nothing cached
+                if exc.errno in (errno.ENODEV, errno.EBADF):
+                    return  # unmounted
+                log.warning("FUSE notification failed: %s", exc)
 
     # -- INIT -----------------------------------------------------------------------
 
@@ -241,6 +266,9 @@ class Metrics(Collector):
         yield opens
         yield CounterMetricFamily(
             "shoal_fuse_client_calls", "requests that needed the client", value=s.client_calls
+        )
+        yield CounterMetricFamily(
+            "shoal_fuse_notifications", "invalidations sent to the kernel", value=d.notifications
         )
         yield GaugeMetricFamily(
             "shoal_fuse_backing_files", "passthrough backing files", value=s.backing_files

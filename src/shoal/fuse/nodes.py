@@ -4,10 +4,13 @@ one errno table for the mount."""
 from __future__ import annotations
 
 import errno
+import posixpath
+import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.core.types import FileInfo
 from shoal.errors import IsADirectory, NotFound, PermissionDenied, ShoalError, UserError
 
 Reply = bytes | memoryview | list[bytes | memoryview] | None
@@ -24,6 +27,8 @@ PASSTHROUGH_WAIT = 3.0
 #: passthrough registrations kept; beyond this the idle ones (kept after their last
 #: release for the next open) are dropped, as each holds its data file open
 MAX_BACKING = 64
+#: negative entries remembered (to invalidate after a sync); beyond, they get TOP_TTL
+MAX_NEGATIVE = 65536
 
 
 def errno_of(exc: BaseException) -> int:
@@ -51,13 +56,16 @@ class Node:
     key: str  # "<mount>/<rel>" inside the dataset ("" above mounts)
     is_dir: bool
     size: int = 0
-    mtime: float = 0.0
+    mtime_ns: int = 0  # the source's modification time (0: unknown)
     version: str = ""
+    #: a symbolic link's target relative to the mount root ("" for no link)
+    link: str = ""
     at: float = 0.0  # monotonic time the attributes were fetched
     nlookup: int = 0
     opens: int = 0
     passthrough_opens: int = 0
     backing: int = 0  # passthrough backing id, 0 = none
+    backing_version: str = ""  # the version whose data file ``backing`` is
     kept_version: str = ""  # version whose pages the kernel may keep cached
     chunk_at: int = 0  # start offset of the last window read of a large file
     chunk: bytes = b""
@@ -73,3 +81,26 @@ class Stats:
     backing_files: int = 0
     client_calls: int = 0
     errors: dict[int, int] = field(default_factory=dict)
+
+
+#: a version without an ETag: "<size>-<mtime_ns>" (file://, webhdfs, fsspec stores)
+_SIZE_MTIME = re.compile(r"(\d+)-(\d+)")
+
+
+def version_mtime_ns(size: int, version: str) -> int:
+    """The mtime a "<size>-<mtime_ns>" version carries (0 for any other version)."""
+    m = _SIZE_MTIME.fullmatch(version)
+    return int(m.group(2)) if m is not None and int(m.group(1)) == size else 0
+
+
+def kind(x: Node | FileInfo) -> int:
+    """0 file, 1 directory, 2 link: what the kernel must never see change on an inode."""
+    return 2 if x.link else int(x.is_dir)
+
+
+def readlink(n: Node) -> bytes:
+    """A link node's target as the kernel follows it: relative to the link's own
+    directory, so it resolves inside the mount whatever the mount point."""
+    rel = n.key.partition("/")[2]  # the path inside the mount
+    target = posixpath.relpath(n.link, posixpath.dirname(rel) or ".")
+    return target.encode("utf-8", "surrogateescape")

@@ -16,7 +16,10 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any
 
 from shoal.client.aio import AsyncClient, read_located
 from shoal.core.types import NEVER, Dataset, FileInfo
@@ -26,6 +29,7 @@ from shoal.fuse.nodes import (
     BLKSIZE,
     FOREVER,
     MAX_BACKING,
+    MAX_NEGATIVE,
     PASSTHROUGH_WAIT,
     TOP_TTL,
     Handler,
@@ -33,9 +37,15 @@ from shoal.fuse.nodes import (
     Reply,
     Result,
     Stats,
+    kind,
+    readlink,
+    version_mtime_ns,
 )
 
 log = logging.getLogger("shoal.fuse.ops")
+
+#: client.stat calls in flight while revalidating a changed dataset
+STAT_PARALLELISM = 32
 
 
 class FileSystem:
@@ -52,6 +62,7 @@ class FileSystem:
         self.only = set(datasets) if datasets else None
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started = time.time()
+        self.started_ns = time.time_ns()
         self.nodes: dict[int, Node] = {}
         self.by_path: dict[str, Node] = {}
         self._next_ino = 2
@@ -59,8 +70,13 @@ class FileSystem:
         self._next_fh = 1
         self.backing_open: Callable[[int], int] | None = None
         self.backing_close: Callable[[int], None] | None = None
+        #: writes FUSE notifications to the kernel (set by the daemon)
+        self.notify: Callable[[list[bytes]], Coroutine[Any, Any, None]] | None = None
+        #: negative entries handed out inside datasets: (parent ino, name) -> dataset
+        self.negative: OrderedDict[tuple[int, str], str] = OrderedDict()
+        self._notifying: set[asyncio.Task[None]] = set()
         self.stats = Stats()
-        root = Node(p.ROOT_ID, "/", "", "", True, mtime=self.started, nlookup=1 << 62)
+        root = Node(p.ROOT_ID, "/", "", "", True, mtime_ns=self.started_ns, nlookup=1 << 62)
         root.attr = self._attr(root)
         self.nodes[root.ino] = root
         self.by_path["/"] = root
@@ -69,10 +85,26 @@ class FileSystem:
 
     def _attr(self, n: Node) -> tuple[int, ...]:
         nlink = 2 if n.is_dir else 1
-        mtime = n.mtime or self.started
+        mtime_ns = n.mtime_ns or self.started_ns  # synthetic directories, unknown mtimes
+        mode = p.file_mode(n.is_dir, bool(n.link))
+        size = len(readlink(n)) if n.link else n.size  # a link's size: its target's length
         return p.attr_values(
-            n.ino, n.size, mtime, p.file_mode(n.is_dir), nlink, self.uid, self.gid, BLKSIZE
+            n.ino, size, 0.0, mode, nlink, self.uid, self.gid, BLKSIZE, mtime_ns=mtime_ns
         )
+
+    def with_link(self, ds: str, key: str, info: FileInfo) -> FileInfo:
+        """``info`` with the link target the client holds for ``key`` (the client's
+        answers are rebuilt from the metadata it keeps, which carries the target)."""
+        if info.link or info.is_dir:
+            return info
+        hit = self.cache.meta.get((ds, key))
+        if hit is not None and hit[0].version == info.version and hit[0].link:
+            return replace(info, link=hit[0].link)
+        man = self.cache.manifests.get(ds)
+        e = man[1].get(key) if man is not None else None
+        if e is not None and e.version == info.version and e.link:
+            return replace(info, link=e.link)
+        return info
 
     def _dataset(self, name: str) -> Dataset | None:
         hit = self.cache.datasets.get(name)
@@ -97,25 +129,54 @@ class FileSystem:
     def _child(self, parent: Node, name: str, info: FileInfo | None) -> Node:
         path = parent.path.rstrip("/") + "/" + name
         n = self.by_path.get(path)
+        if n is not None and info is not None and "/" in n.key and kind(n) != kind(info):
+            # a file became a link or a directory (or back): to the kernel that is a new
+            # inode (it never changes an inode's type); the old one lives until FORGET
+            del self.by_path[path]
+            self.notify_soon(
+                [p.encode_inval_entry(parent.ino, name.encode("utf-8", "surrogateescape"))]
+            )
+            n = None
         if n is None:
             if parent.ino == p.ROOT_ID:
                 ds, key = name, ""
             else:
                 ds, key = parent.ds, (parent.key + "/" + name if parent.key else name)
-            n = Node(self._next_ino, path, ds, key, True, mtime=self.started)
+            n = Node(self._next_ino, path, ds, key, True)
             self._next_ino += 1
             self.nodes[n.ino] = n
             self.by_path[path] = n
-        if info is not None:
-            n.is_dir, n.size, n.mtime = info.is_dir, info.size, info.mtime
-            if info.version != n.version:
-                n.version = info.version
-                n.chunk = b""
-                if n.passthrough_opens == 0:
-                    self._drop_backing(n)  # it holds the old version's bytes
+        if info is not None and self._apply(n, info):
+            # a new version seen by revalidation (staleness bound, TTL): the kernel's
+            # pages and attributes of the old one must go now, not at the next open
+            self.notify_soon([p.encode_inval_inode(n.ino)])
         n.at = time.monotonic()
         n.attr = self._attr(n)
         return n
+
+    def _apply(self, n: Node, info: FileInfo) -> bool:
+        """Take ``info`` into the node; True if it replaced a known, other version."""
+        # a "<size>-<mtime_ns>" version is the source's exact mtime; metadata that came
+        # as a float (a read's answer) is only within ~1 us of it
+        mtime_ns = version_mtime_ns(info.size, info.version) or info.mtime_ns
+        if info.version == n.version and (not mtime_ns or abs(mtime_ns - n.mtime_ns) < 1000):
+            mtime_ns = n.mtime_ns or mtime_ns  # no mtime, or a rounded one: keep ours
+        n.is_dir, n.size, n.mtime_ns, n.link = info.is_dir, info.size, mtime_ns, info.link
+        if info.version == n.version:
+            return False
+        old, n.version = n.version, info.version
+        n.chunk = b""
+        if n.passthrough_opens == 0:
+            self._drop_backing(n)  # it holds the old version's bytes
+        return bool(old) and not n.is_dir
+
+    def notify_soon(self, msgs: list[bytes]) -> None:
+        """Send notifications without waiting (from a handler: never block the loop)."""
+        if self.notify is None or not msgs:
+            return
+        task = asyncio.get_running_loop().create_task(self.notify(msgs))
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
 
     def _entry(self, n: Node) -> bytes:
         n.nlookup += 1
@@ -150,8 +211,18 @@ class FileSystem:
         if parent.key:  # inside a mount: the client may hold the metadata already
             ds = self._dataset(parent.ds)
             info = self.cache.info(ds, parent.key + "/" + name) if ds is not None else None
-            if info is not None:
+            if info is not None and (
+                info.mtime_ns or info.is_dir or version_mtime_ns(info.size, info.version)
+            ):
                 return self._entry(self._child(parent, name, info))
+            if info is not None and ds is not None:
+                # held without an mtime (a read's or a locate's answer): the manifest's
+                # entry, else the file's metadata, rather than a made-up time
+                man = self.cache.manifests.get(ds.name)
+                e = man[1].get(info.path) if man is not None and man[0] == ds.manifest else None
+                if e is not None and e.version == info.version:
+                    return self._entry(self._child(parent, name, e.info()))
+                self.cache.forget(ds.name, info.path)
         return self._lookup(parent, name)
 
     async def _lookup(self, parent: Node, name: str) -> Reply:
@@ -167,9 +238,16 @@ class FileSystem:
                 ds.mount(name)
             else:
                 info = await self.client.stat(parent.path + "/" + name)
+                info = self.with_link(parent.ds, parent.key + "/" + name, info)
         except (NotFound, UserError):
-            # a negative entry: the kernel remembers the miss as long as it would a hit
+            # a negative entry: the kernel remembers the miss as long as it would a hit,
+            # and a sync that makes the name appear invalidates it (see revalidate)
             ttl = TOP_TTL if parent.ino == p.ROOT_ID else self.ttl(parent)
+            if parent.ino != p.ROOT_ID and ttl > TOP_TTL:
+                if len(self.negative) < MAX_NEGATIVE:
+                    self.negative[(parent.ino, name)] = parent.ds
+                else:
+                    ttl = TOP_TTL
             return p.encode_entry(0, ttl, 0, p.attr_values(0, 0, 0, 0, 0, 0, 0, 0))
         return self._entry(self._child(parent, name, info))
 
@@ -193,7 +271,7 @@ class FileSystem:
         ds = self._dataset(n.ds)
         if ds is not None:
             self.cache.forget(ds.name, n.key)
-        info = await self.client.stat(n.path)
+        info = self.with_link(n.ds, n.key, await self.client.stat(n.path))
         parent = self.by_path.get(n.path.rsplit("/", 1)[0] or "/")
         if parent is not None:
             self._child(parent, n.path.rsplit("/", 1)[1], info)
@@ -222,11 +300,16 @@ class FileSystem:
         if not self._fresh(n):
             return self._open_async(n, stat=True)
         if self.backing_open is not None and self._large(n):
-            if n.backing:
+            if self._backing_ok(n):
                 return self._open_passthrough(n)
             if n.opens == 0:
                 return self._open_async(n, stat=False)
         return self._open_cached(n)
+
+    @staticmethod
+    def _backing_ok(n: Node) -> bool:
+        """A registered backing file that holds the node's current version."""
+        return bool(n.backing) and n.backing_version == n.version
 
     def _open_cached(self, n: Node) -> bytes:
         keep = n.kept_version in ("", n.version)
@@ -247,8 +330,10 @@ class FileSystem:
             await self._restat(n)
         if self.backing_open is None or not self._large(n) or (n.opens and not n.backing):
             return self._open_cached(n)
-        if n.backing:
+        if self._backing_ok(n):
             return self._open_passthrough(n)
+        if n.backing:  # an old version's, still open by passthrough: read via the daemon
+            return self._open_cached(n)
         self.stats.client_calls += 1
         try:
             # cached only: an uncached file is read through the daemon (which caches it)
@@ -269,6 +354,7 @@ class FileSystem:
                     if other.passthrough_opens == 0:
                         self._drop_backing(other)
             n.backing = self.backing_open(fd)
+            n.backing_version = n.version
             self.stats.backing_files += 1
         except OSError as exc:
             log.warning("passthrough refused for %s: %s", n.path, exc)
@@ -281,6 +367,7 @@ class FileSystem:
         if not n.backing:
             return
         backing, n.backing = n.backing, 0
+        n.backing_version = ""
         self.stats.backing_files -= 1
         if self.backing_close is not None:
             try:
@@ -298,6 +385,13 @@ class FileSystem:
             # the backing file stays registered for the next open of this version (one
             # worker round trip and ioctl fewer); dropped on a new version or a forget
             n.passthrough_opens -= 1
+            if n.passthrough_opens <= 0 and not self._backing_ok(n):
+                self._drop_backing(n)  # the version changed while it was open
+            note = getattr(self.client, "note_local_read", None)
+            if note is not None:
+                # the kernel read the worker's file itself: count it as a local hit (the
+                # whole file: the daemon never sees how much of it was read)
+                note(n.path, n.size)
         if n.opens <= 0:
             n.opens = 0
             n.chunk = b""
@@ -365,10 +459,12 @@ class FileSystem:
         if not n.key:
             ds = await self.client.dataset(n.ds)
             return [FileInfo(m.name, 0, "", self.started, True) for m in ds.mounts]
-        out = await self.client.ls(n.path)
-        return [
-            FileInfo(e.path.rsplit("/", 1)[1], e.size, e.version, e.mtime, e.is_dir) for e in out
-        ]
+        out = []
+        for e in await self.client.ls(n.path):
+            name = e.path.rsplit("/", 1)[1]
+            e = self.with_link(n.ds, n.key + "/" + name, e)
+            out.append(FileInfo(name, e.size, e.version, e.mtime, e.is_dir, e.mtime_ns, e.link))
+        return out
 
     def op_readdirplus(self, nodeid: int, body: memoryview) -> Result:
         return self._readdir(nodeid, body, True)
@@ -404,13 +500,12 @@ class FileSystem:
             used += need
             if plus:
                 c = self._child(n, e.path, None if not n.key else e)
-                out.append(
-                    p.encode_direntplus(self._entry(c), c.ino, i + 1, p.dtype(e.is_dir), name)
-                )
+                dt = p.dtype(e.is_dir, bool(e.link))
+                out.append(p.encode_direntplus(self._entry(c), c.ino, i + 1, dt, name))
             else:
                 c0 = self.by_path.get(n.path.rstrip("/") + "/" + e.path)
                 ino = c0.ino if c0 is not None else (1 << 62) + i
-                out.append(p.encode_dirent(ino, i + 1, p.dtype(e.is_dir), name))
+                out.append(p.encode_dirent(ino, i + 1, p.dtype(e.is_dir, bool(e.link)), name))
         return b"".join(out)  # one buffer: writev takes at most IOV_MAX (1024)
 
     # -- the rest -------------------------------------------------------------------
@@ -432,7 +527,10 @@ class FileSystem:
         raise OSError(errno.ENOTTY, "not a terminal")
 
     def op_readlink(self, nodeid: int, body: memoryview) -> Result:
-        raise OSError(errno.EINVAL, "not a link")
+        n = self._node(nodeid)
+        if not n.link:
+            raise OSError(errno.EINVAL, "not a link")
+        return readlink(n)
 
     def op_rofs(self, nodeid: int, body: memoryview) -> Result:
         raise OSError(errno.EROFS, "read-only")

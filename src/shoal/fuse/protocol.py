@@ -148,6 +148,12 @@ GETXATTR_IN = struct.Struct("<II")  # size padding
 GETXATTR_OUT = struct.Struct("<II")  # size padding
 BACKING_MAP = struct.Struct("<iIQ")  # fd flags padding
 
+# notifications: written to /dev/fuse unasked, with unique 0 and the code in "error"
+NOTIFY_INVAL_INODE = 2
+NOTIFY_INVAL_ENTRY = 3
+NOTIFY_INVAL_INODE_OUT = struct.Struct("<Qqq")  # ino off len
+NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<QII")  # parent namelen flags
+
 
 class Header(NamedTuple):
     length: int
@@ -211,6 +217,20 @@ def reply_header(unique: int, body_len: int, error: int = 0) -> bytes:
     return OUT_HEADER.pack(OUT_HEADER.size + body_len, -error, unique)
 
 
+def encode_inval_inode(ino: int, off: int = 0, length: int = 0) -> bytes:
+    """FUSE_NOTIFY_INVAL_INODE: the kernel drops the inode's attributes and, with
+    ``off >= 0``, its cached pages from ``off`` (``length <= 0``: to the end)."""
+    body = NOTIFY_INVAL_INODE_OUT.pack(ino, off, length)
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
+
+
+def encode_inval_entry(parent: int, name: bytes) -> bytes:
+    """FUSE_NOTIFY_INVAL_ENTRY: the kernel forgets the name ``name`` in directory
+    ``parent`` (also a negative entry), so the next access looks it up again."""
+    body = NOTIFY_INVAL_ENTRY_OUT.pack(parent, len(name), 0) + name + b"\0"
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_ENTRY, 0) + body
+
+
 def split_time(t: float) -> tuple[int, int]:
     """Seconds as (seconds, nanoseconds), both non-negative."""
     if t <= 0:
@@ -220,10 +240,22 @@ def split_time(t: float) -> tuple[int, int]:
 
 
 def attr_values(
-    ino: int, size: int, mtime: float, mode: int, nlink: int, uid: int, gid: int, blksize: int
+    ino: int,
+    size: int,
+    mtime: float,
+    mode: int,
+    nlink: int,
+    uid: int,
+    gid: int,
+    blksize: int,
+    mtime_ns: int | None = None,
 ) -> tuple[int, ...]:
-    """The fields of ``fuse_attr`` in order: pack with ATTR, or append to ENTRY_OUT's."""
-    sec, nsec = split_time(mtime)
+    """The fields of ``fuse_attr`` in order: pack with ATTR, or append to ENTRY_OUT's.
+    ``mtime_ns`` (exact nanoseconds), when given, is used instead of ``mtime``."""
+    if mtime_ns is not None and mtime_ns > 0:
+        sec, nsec = divmod(mtime_ns, 1_000_000_000)
+    else:
+        sec, nsec = split_time(mtime)
     return (
         ino,
         size,
@@ -244,7 +276,9 @@ def attr_values(
     )
 
 
-def file_mode(is_dir: bool) -> int:
+def file_mode(is_dir: bool, link: bool = False) -> int:
+    if link:
+        return stat.S_IFLNK | 0o777
     return stat.S_IFDIR | 0o555 if is_dir else stat.S_IFREG | 0o444
 
 
@@ -280,7 +314,9 @@ def encode_direntplus(entry: bytes, ino: int, off: int, dtype: int, name: bytes)
     return entry + encode_dirent(ino, off, dtype, name)
 
 
-def dtype(is_dir: bool) -> int:
+def dtype(is_dir: bool, link: bool = False) -> int:
+    if link:
+        return 10  # DT_LNK
     return 4 if is_dir else 8  # DT_DIR, DT_REG
 
 

@@ -28,6 +28,7 @@ from shoal.errors import InvalidArgument, ShoalError, Unavailable, from_code
 from shoal.fuse import kernel
 from shoal.fuse.daemon import MAX_READ, Daemon, Metrics
 from shoal.fuse.ops import FileSystem
+from shoal.fuse.watch import Watcher
 
 log = logging.getLogger("shoal.fuse.service")
 
@@ -176,7 +177,14 @@ async def serve(opts: MountOptions, notify: Notify | None = None) -> None:
         if notify is not None:
             notify(None)
             notify = None
-        await daemon.serve()
+        # syncs and dataset changes invalidate the kernel's caches (see fuse.watch)
+        watching = loop.create_task(Watcher(fs).run())
+        try:
+            await daemon.serve()
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
         fs.close_backing()
         log.info("unmounted %s", mp)
     except (ShoalError, OSError) as exc:

@@ -3,8 +3,18 @@
 Blocking calls run in the default thread pool (threads are reused, not spawned per
 read). A read opens the file once and checks its version with fstat on the same
 descriptor before and after ``pread``, so a version check costs no extra path lookup.
-Paths may not climb above the root ('..' is refused); symbolic links inside the
-root are followed, wherever they point, since datasets are often assembled from links.
+Paths may not climb above the root ('..' is refused). Symbolic links are followed
+only while they stay inside the mount root (resolved, also through linked
+directories): a link that leads out of it is left out of listings and walks, and
+stat or read through it is refused (PermissionDenied), so a link to / lists nothing
+of the host and no byte of a file outside the root is ever returned. Reads check the
+file actually opened (/proc/self/fd), so swapping a link between check and open
+does not get around the rule. Broken links are left out like missing files.
+
+A link to a file inside the root is described by its target (size, version, mtime:
+what stat(2) says) with ``FileInfo.link`` set to the target's path relative to the
+root, so the mount can show it as a link; a link to a directory inside the root is
+listed as that directory.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TypeVar
 
 from shoal.core.types import FileInfo
-from shoal.errors import InvalidArgument, StaleVersion
+from shoal.errors import InvalidArgument, PermissionDenied, StaleVersion
 from shoal.ufs.base import UnderStore
 from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, call_with_retry
 from shoal.ufs.fsspec_driver import check_range
@@ -34,32 +44,75 @@ def _version(st: os.stat_result) -> str:
     return f"{st.st_size}-{st.st_mtime_ns}"
 
 
-def _info(rel: str, st: os.stat_result) -> FileInfo:
+def _info(rel: str, st: os.stat_result, link: str = "") -> FileInfo:
     is_dir = stat.S_ISDIR(st.st_mode)
     size = 0 if is_dir else st.st_size
     return FileInfo(
-        path=rel, size=size, version=f"{size}-{st.st_mtime_ns}", mtime=st.st_mtime, is_dir=is_dir
+        path=rel,
+        size=size,
+        version=f"{size}-{st.st_mtime_ns}",
+        mtime=st.st_mtime,
+        is_dir=is_dir,
+        mtime_ns=st.st_mtime_ns,
+        link="" if is_dir else link,
     )
 
 
-def _scan(full: str, rel: str) -> list[tuple[FileInfo, tuple[int, int]]]:
-    """Entries of one directory with their (dev, inode); broken links are skipped."""
+def _target(real: str, root: str) -> str:
+    """A resolved path inside ``root`` as a path relative to it ("." for the root)."""
+    return os.path.relpath(real, root)
+
+
+def _inside(real: str, root: str) -> bool:
+    """Whether resolved path ``real`` is the resolved ``root`` or below it."""
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def _scan(full: str, rel: str, root: str) -> list[tuple[FileInfo, tuple[int, int]]]:
+    """Entries of one directory with their (dev, inode); broken links and links that
+    leave ``root`` (resolved) are skipped."""
     out = []
     with os.scandir(full) as it:
         for entry in it:
             child = f"{rel}/{entry.name}" if rel else entry.name
+            link = ""
+            if entry.is_symlink():
+                real = os.path.realpath(entry.path)
+                if not _inside(real, root):
+                    log.debug("skipping %s: a link that leaves the mount root", child)
+                    continue
+                link = _target(real, root)
             try:
                 st = entry.stat()
             except FileNotFoundError:
                 log.debug("skipping broken link %s", child)
                 continue
-            out.append((_info(child, st), (st.st_dev, st.st_ino)))
+            out.append((_info(child, st, link), (st.st_dev, st.st_ino)))
     return out
 
 
-def _pread(full: str, start: int, end: int, version: str | None) -> bytes:
+def _check_inside(full: str, root: str) -> str:
+    """The resolved path, if inside ``root``; else PermissionDenied."""
+    real = os.path.realpath(full)
+    if not _inside(real, root):
+        raise PermissionDenied("a symbolic link on this path leaves the mount root")
+    return real
+
+
+def _check_opened(fd: int, full: str, root: str) -> None:
+    """The file behind ``fd`` (what was really opened) lies inside ``root``."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: resolve the path instead (racy, but the best there is)
+        real = os.path.realpath(full)
+    if not _inside(real, root):
+        raise PermissionDenied("a symbolic link on this path leaves the mount root")
+
+
+def _pread(full: str, start: int, end: int, version: str | None, root: str) -> bytes:
     fd = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
+        _check_opened(fd, full, root)
         if version is not None and _version(os.fstat(fd)) != version:
             raise StaleVersion(f"changed (version {_version(os.fstat(fd))}, wanted {version})")
         chunks = []
@@ -87,6 +140,8 @@ class LocalStore(UnderStore):
         if not os.path.isabs(root):
             raise InvalidArgument(f"file:// mount needs an absolute path, got {root!r}")
         self._root = os.path.normpath(root)
+        #: the root with every link resolved: what "inside the mount root" means
+        self._real = os.path.realpath(self._root)
         self._retry = retry
 
     def describe(self) -> str:
@@ -109,15 +164,29 @@ class LocalStore(UnderStore):
             return await call_with_retry(op, self._where(rel), policy=self._retry)
         except StaleVersion as exc:
             raise StaleVersion(f"{self._where(rel)}: {exc.message}") from None
+        except PermissionDenied as exc:
+            raise PermissionDenied(f"{self._where(rel)}: {exc.message}") from None
 
     async def info(self, path: str) -> FileInfo:
         rel = clean_rel(path)
         full = self._full(rel)
-        return await self._call(rel, lambda: _info(rel, os.stat(full)))
+
+        def stat_inside() -> FileInfo:
+            real = _check_inside(full, self._real)
+            link = _target(real, self._real) if rel and os.path.islink(full) else ""
+            return _info(rel, os.stat(full), link)
+
+        return await self._call(rel, stat_inside)
 
     async def ls(self, path: str) -> list[FileInfo]:
         rel = clean_rel(path)
-        entries = await self._call(rel, lambda: _scan(self._full(rel), rel))
+        full = self._full(rel)
+
+        def scan() -> list[tuple[FileInfo, tuple[int, int]]]:
+            _check_inside(full, self._real)
+            return _scan(full, rel, self._real)
+
+        entries = await self._call(rel, scan)
         return sorted((i for i, _ in entries), key=lambda i: i.path)
 
     async def walk(self, path: str = "") -> AsyncIterator[FileInfo]:
@@ -132,7 +201,7 @@ class LocalStore(UnderStore):
         while stack:
             d = stack.pop()
             try:
-                entries = await self._call(d, lambda d=d: _scan(self._full(d), d))  # type: ignore[misc]
+                entries = await self._call(d, lambda d=d: _scan(self._full(d), d, self._real))  # type: ignore[misc]
             except FileNotFoundError:
                 continue  # removed while walking
             for info, ident in entries:
@@ -148,7 +217,7 @@ class LocalStore(UnderStore):
         if start == end:
             return b""
         full = self._full(rel)
-        return await self._call(rel, lambda: _pread(full, start, end, version))
+        return await self._call(rel, lambda: _pread(full, start, end, version, self._real))
 
 
 def open_local(uri: str, options: Mapping[str, str]) -> LocalStore:
