@@ -225,11 +225,11 @@ def test_schedules_run_and_survive_a_master_restart(
     deadline = time.monotonic() + 30
     jobs: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        jobs = [
-            j
-            for j in json.loads(shoal(cluster, "job", "ls", "--json").stdout)["jobs"]
-            if j["schedule"] == sched["id"] and j["state"] == "done"
-        ]
+        listed = json.loads(shoal(cluster, "job", "ls", "--json").stdout)["jobs"]
+        jobs = sorted(
+            (j for j in listed if j["schedule"] == sched["id"] and j["state"] == "done"),
+            key=lambda j: float(j["created"]),  # `job ls` lists newest first
+        )
         if len(jobs) >= 2:
             break
         time.sleep(0.5)
@@ -299,7 +299,7 @@ def test_job_stop_and_resume_and_bad_input(
         (("load", "/nosuch"), "nosuch"),
         (("load", "/ds", "/other"), "one dataset"),
         (("load", "/ds", "--files-from", "/nonexistent/list"), "cannot read"),
-        (("job", "status", "j-nosuch"), "no job"),
+        (("job", "status", "j-00000000ff"), "no job"),
     ):
         r = shoal(cluster, *args, ok=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr

@@ -50,7 +50,10 @@ def test_listing_then_load_tasks_and_progress(tmp_path: Path) -> None:
     lst = jm.claim("w1")
     assert lst is not None
     entries = [[f"m/f{i}", 10, "v1", 0.0] for i in range(700)]
-    jm.report(lst["id"], {"final": True, "entries": entries, "missing": [], "progress": {}})
+    jm.report(
+        lst["id"],
+        {"attempt": lst["attempt"], "seq": 1, "final": True, "entries": entries, "missing": []},
+    )
     tasks = [jm.claim("w1"), jm.claim("w1")]
     assert all(t is not None and t["kind"] == "load" for t in tasks)
     assert sum(len(t["items"]) for t in tasks if t) == 700  # batches of at most 512
@@ -59,6 +62,8 @@ def test_listing_then_load_tasks_and_progress(tmp_path: Path) -> None:
         jm.report(
             t["id"],
             {
+                "attempt": t["attempt"],
+                "seq": 1,
                 "final": True,
                 "progress": {"files_done": len(t["items"]), "bytes_done": 10 * len(t["items"])},
             },

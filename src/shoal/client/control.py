@@ -17,6 +17,7 @@ from shoal.config import ClientSettings
 from shoal.core.manifest import Manifest
 from shoal.core.types import NEVER, Dataset, Mount
 from shoal.errors import ProtocolError, Unavailable, from_code
+from shoal.proto.control import WATCH, WATCH_MAX_TIMEOUT
 
 
 class ControlPlane:
@@ -129,6 +130,36 @@ class ControlPlane:
 
     async def report(self) -> dict[str, Any]:
         return await self._master("GET", "/api/v1/report")
+
+    async def watch(self, since: int, timeout: float, watcher: str) -> int:
+        """Long-poll the master until its datasets generation is above ``since`` (or
+        ``timeout`` seconds, at most 60, have passed) and return it. Polling again with
+        the returned generation acknowledges that this watcher has applied the change:
+        see the contract in :mod:`shoal.proto.control`."""
+        http = await self._session()
+        wait = min(max(0.0, timeout), WATCH_MAX_TIMEOUT)
+        params = {"since": str(int(since)), "timeout": repr(wait), "watcher": watcher}
+        try:
+            async with http.get(
+                self.settings.master + WATCH,
+                params=params,
+                # the poll is held open on purpose: longer than the session's default
+                timeout=aiohttp.ClientTimeout(total=wait + 15, connect=5),
+            ) as r:
+                status, reason = r.status, r.reason
+                raw = await r.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise Unavailable(f"master at {self.settings.master} unreachable: {exc}") from None
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            raise ProtocolError(f"master at {self.settings.master} sent non-JSON") from None
+        if status >= 400:
+            err = data.get("error", {}) if isinstance(data, dict) else {}
+            raise from_code(str(err.get("code", "io")), str(err.get("message", reason)))
+        if not isinstance(data, dict) or not isinstance(data.get("datasets_generation"), int):
+            raise ProtocolError("master sent a watch answer without datasets_generation")
+        return int(data["datasets_generation"])
 
     async def health(self) -> dict[str, Any]:
         return await self._master("GET", "/api/v1/health")

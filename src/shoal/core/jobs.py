@@ -1,15 +1,26 @@
 """Jobs (load, free, sync) as plain data and pure decisions: validating a spec,
 splitting files into batched tasks by ring owner, re-planning the share of a lost
-worker, and adding up progress. The master persists and carries these out.
+worker, the life of one task (claim, report, lease missed, master restart) and adding
+up progress. The master persists and carries these out; nothing here does I/O or reads
+a clock (``now`` is passed in), so tests drive it with plain calls.
 
 A job is never one task per file: files are grouped per owning worker into batches of
 at most ``BATCH_FILES`` files or ``BATCH_BYTES`` bytes.
+
+Counting (why a job's counts always add up): every claim of a task starts a new
+*attempt*; a worker reports the cumulative progress of its attempt with a rising
+sequence number, so a report that is late, repeated or from an attempt the master no
+longer runs is ignored, never added twice. A task's count is ``base`` (items finished
+by earlier attempts and no longer in the task) plus its current attempt's latest
+report; an attempt that is abandoned (lease missed, worker lost) counts for nothing and
+its items are counted by whoever runs them next. The task is done only when the final
+report of the current attempt arrives, so a finished job has counted every report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from shoal.core.ring import Ring
@@ -32,7 +43,16 @@ FINAL = (DONE, FAILED)
 
 # task kinds and states
 T_LIST, T_LOAD, T_FREE, T_INVALIDATE = "list", "load", "free", "invalidate"
+#: a load run again on a worker that came back, for the share that was reassigned away
+#: from it while it was gone (not counted in the job's files: they were counted once)
+T_HANDBACK = "handback"
 T_PENDING, T_RUNNING, T_DONE = "pending", "running", "done"
+#: the task's worker was lost and its items were planned onto other workers
+T_REASSIGNED = "reassigned"
+#: a reassigned task whose worker came back and was handed its share again
+T_RETURNED = "returned"
+#: task states in which a task will not run again
+T_SETTLED = (T_DONE, T_REASSIGNED, T_RETURNED)
 
 BATCH_FILES = 512
 BATCH_BYTES = 256 << 20
@@ -150,10 +170,13 @@ def plan(
     ring: Ring,
     replicas: int,
     local: bool = False,
-    batch_files: int = BATCH_FILES,
-    batch_bytes: int = BATCH_BYTES,
+    batch_files: int | None = None,
+    batch_bytes: int | None = None,
 ) -> list[tuple[str, list[Item]]]:
     """Split load items into (worker, batch) tasks by owner."""
+    # read at call time, not bound as defaults: shoal.testing shrinks batches for tests
+    batch_files = batch_files or BATCH_FILES
+    batch_bytes = batch_bytes or BATCH_BYTES
     per: dict[str, list[list[Item]]] = {}
     for item in items:
         for w in owners_for(item[0], dataset, ring, replicas, local):
@@ -183,3 +206,198 @@ def replan(
         if owners:
             out.setdefault(owners[-1], []).append(item)
     return sorted(out.items())
+
+
+def handback(
+    dataset: str,
+    items: Iterable[Item],
+    current: Callable[[str], Any],
+    ring: Ring,
+    replicas: int,
+    local: bool,
+    worker: str,
+) -> list[tuple[str, list[Item]]]:
+    """The tasks that give a returning ``worker`` back the items it owns on ``ring``,
+    at their ``current(path)`` manifest entry (a sync may have come since; a path with
+    none is gone)."""
+    fresh = []
+    for it in items:
+        e = current(it[0])
+        if e is not None:
+            fresh.append([e.path, e.size, e.version])
+    return [(w, b) for w, b in plan(dataset, fresh, ring, replicas, local) if w == worker]
+
+
+# -- one task's life --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """A worker's report on the attempt it runs (``POST /api/v1/tasks/{id}``)."""
+
+    attempt: int
+    #: rises with every report of an attempt; the final one is the highest
+    seq: int
+    #: cumulative progress of this attempt so far (the final report: all of it)
+    progress: Progress
+    final: bool = False
+    #: on a final report of a stopped attempt: the items it did not get to
+    remaining: list[Item] | None = None
+    #: a listing's result: [path, size, version, mtime] (None: the listing failed)
+    entries: list[list[Any]] | None = None
+    missing: tuple[str, ...] = ()
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> TaskReport:
+        try:
+            progress = body.get("progress") or {}
+            remaining = body.get("remaining")
+            entries = body.get("entries")
+            if not isinstance(progress, dict):
+                raise TypeError("progress must be an object")
+            if remaining is not None and not isinstance(remaining, list):
+                raise TypeError("remaining must be a list")
+            if entries is not None and not isinstance(entries, list):
+                raise TypeError("entries must be a list")
+            return cls(
+                attempt=int(body.get("attempt", 0)),
+                seq=int(body.get("seq", 0)),
+                progress=Progress.from_dict(progress),
+                final=bool(body.get("final", False)),
+                remaining=remaining or None,
+                entries=entries,
+                missing=tuple(str(m) for m in body.get("missing") or ()),
+            )
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"invalid task report: {exc}") from None
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "attempt": self.attempt,
+            "seq": self.seq,
+            "progress": self.progress.to_dict(),
+            "final": self.final,
+        }
+        if self.remaining:
+            body["remaining"] = self.remaining
+        if self.entries is not None:
+            body["entries"] = self.entries
+            body["missing"] = list(self.missing)
+        return body
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """What the decisions about a task need (the master keeps its id, job, worker)."""
+
+    state: str
+    items: list[Item]
+    attempt: int = 0
+    seq: int = 0
+    #: counted for items finished by earlier attempts (no longer in ``items``)
+    base: Progress = field(default_factory=Progress)
+    #: the current attempt's latest cumulative report
+    run: Progress = field(default_factory=Progress)
+    lease: float = 0.0
+
+
+def _plus(a: Progress, b: Progress) -> Progress:
+    out = Progress.from_dict(a.to_dict())
+    out.add(b)
+    return out
+
+
+def counted(t: TaskRun) -> Progress:
+    """What a task contributes to its job's counts."""
+    if t.state in (T_REASSIGNED, T_RETURNED):
+        return t.base  # its items are counted by the tasks they moved to
+    return _plus(t.base, t.run)
+
+
+def claimed(t: TaskRun, now: float, lease: float) -> TaskRun:
+    """A worker takes the task: a new attempt, counting from nothing."""
+    return replace(
+        t, state=T_RUNNING, attempt=t.attempt + 1, seq=0, run=Progress(), lease=now + lease
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    #: the report was taken into the counts
+    accepted: bool
+    #: tell the worker to stop this attempt (job stopped, or the attempt is not current)
+    stop: bool
+
+
+def reported(
+    t: TaskRun, r: TaskReport, job_active: bool, now: float, lease: float
+) -> tuple[TaskRun, Verdict]:
+    """Apply a worker's report to its task."""
+    if t.state != T_RUNNING or r.attempt != t.attempt:
+        return t, Verdict(False, True)  # a stale attempt: whoever runs it now counts
+    if r.seq <= t.seq:
+        return t, Verdict(False, not job_active)  # late or repeated: already counted
+    t = replace(t, seq=r.seq, run=r.progress, lease=now + lease)
+    if r.final:
+        base = _plus(t.base, t.run)
+        if r.remaining:  # stopped part way: the rest waits for a resume
+            t = replace(t, state=T_PENDING, items=r.remaining, base=base, run=Progress())
+        else:
+            t = replace(t, state=T_DONE, base=base, run=Progress())
+    return t, Verdict(True, not job_active)
+
+
+def abandoned(t: TaskRun) -> TaskRun:
+    """The current attempt will not report again (lease missed): run it afresh."""
+    return replace(t, state=T_PENDING, run=Progress(), lease=0.0)
+
+
+def given_up(t: TaskRun, why: str, load: bool) -> TaskRun:
+    """A task that missed too many leases is over; a load's unfinished items fail."""
+    run = Progress()
+    if load:
+        run = Progress(
+            files_failed=len(t.items), failures=[[i[0], why] for i in t.items[:MAX_FAILURES]]
+        )
+    return replace(t, state=T_DONE, base=_plus(t.base, run), run=Progress(), lease=0.0)
+
+
+def master_restarted(t: TaskRun, now: float, lease: float) -> TaskRun:
+    """A restarted master gives every running attempt a fresh lease period, as
+    membership gives every worker a fresh expiry: a worker that is still running the
+    attempt goes on reporting to it, and one that is gone misses the lease."""
+    if t.state != T_RUNNING:
+        return t
+    return replace(t, lease=now + lease)
+
+
+def settled(states: Iterable[str]) -> bool:
+    """Whether a job's tasks are all finished (reassigned ones live on elsewhere)."""
+    return all(s in T_SETTLED for s in states)
+
+
+# -- watchers (GET /api/v1/watch) -------------------------------------------------------
+
+#: a watcher heard from this recently holds up jobs until it acknowledges their change
+WATCH_RECENT = 10.0
+#: longest a job waits for lagging watchers before it is reported done anyway
+WATCH_GRACE = 5.0
+
+
+@dataclass(frozen=True)
+class Watcher:
+    #: the datasets generation it last polled with (what it has applied)
+    since: int
+    #: when it last polled or was answered
+    seen: float
+    #: polls of it in progress now
+    waiting: int = 0
+
+
+def lagging(watchers: Mapping[str, Watcher], generation: int, now: float) -> list[str]:
+    """Recent watchers that have not yet polled with ``since >= generation``."""
+    return sorted(
+        wid
+        for wid, w in watchers.items()
+        if w.since < generation and (w.waiting or now - w.seen <= WATCH_RECENT)
+    )

@@ -1,13 +1,14 @@
-"""HTTP routes for jobs, schedules, worker task claims and manifests.
+"""HTTP routes for jobs, schedules, worker task claims, manifests and watches.
 
 Workers long-poll ``GET /api/v1/workers/{id}/tasks?wait=S`` for work and report with
-``POST /api/v1/tasks/{id}`` (JSON, or msgpack for large listing results).
+``POST /api/v1/tasks/{id}`` (JSON, or msgpack for large listing results). Watchers
+long-poll ``GET /api/v1/watch`` (the contract is in :mod:`shoal.proto.control`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import math
 from typing import Any
 
 import msgpack
@@ -16,6 +17,8 @@ from aiohttp import web
 from shoal.core.jobs import JobSpec
 from shoal.errors import InvalidArgument
 from shoal.master.jobs import JobManager
+from shoal.master.validate import parse_json
+from shoal.proto import control
 
 JOBS = "/api/v1/jobs"
 JOB = "/api/v1/jobs/{id}"
@@ -29,6 +32,7 @@ MSGPACK = "application/msgpack"
 _JOBS: web.AppKey[JobManager] = web.AppKey("jobs", JobManager)
 _WAKE: web.AppKey[list[asyncio.Event]] = web.AppKey("wake", list)
 _CLOSING: web.AppKey[list[bool]] = web.AppKey("closing", list)
+_GEN: web.AppKey[list[asyncio.Event]] = web.AppKey("generation", list)
 
 
 async def _decode(request: web.Request) -> Any:
@@ -36,7 +40,7 @@ async def _decode(request: web.Request) -> Any:
     try:
         if request.content_type == MSGPACK:
             return msgpack.unpackb(raw, raw=False)
-        return json.loads(raw) if raw.strip() else {}
+        return parse_json(raw) if raw.strip() else {}
     except (ValueError, msgpack.ExtraData) as exc:
         raise InvalidArgument(f"malformed body: {exc}") from None
 
@@ -100,6 +104,46 @@ async def _report(request: web.Request) -> web.Response:
     return web.json_response(request.app[_JOBS].report(tid, body))
 
 
+def _watch_args(request: web.Request) -> tuple[int, float, str]:
+    q = request.query
+    try:
+        since = int(q.get("since", "0"))
+    except ValueError:
+        raise InvalidArgument("since must be an integer (a datasets generation)") from None
+    try:
+        timeout = float(q.get("timeout", str(control.WATCH_DEFAULT_TIMEOUT)))
+    except ValueError:
+        raise InvalidArgument("timeout must be a number of seconds") from None
+    if not math.isfinite(timeout) or timeout < 0:
+        raise InvalidArgument("timeout must be a number of seconds >= 0")
+    watcher = q.get("watcher", "")
+    if not watcher or len(watcher) > 256 or not watcher.isprintable():
+        raise InvalidArgument("watcher must be an id of 1-256 printable characters")
+    return since, min(timeout, control.WATCH_MAX_TIMEOUT), watcher
+
+
+async def _watch(request: web.Request) -> web.Response:
+    since, timeout, watcher = _watch_args(request)
+    jobs = request.app[_JOBS]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    jobs.watch_begin(watcher, since)
+    try:
+        while True:
+            event = request.app[_GEN][0]
+            gen = jobs.generation()
+            left = deadline - loop.time()
+            if gen > since or left <= 0 or request.app[_CLOSING][0]:
+                body: control.WatchResponse = {"datasets_generation": gen}
+                return web.json_response(body)
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except TimeoutError:
+                pass
+    finally:
+        jobs.watch_end(watcher)
+
+
 async def _manifest(request: web.Request) -> web.Response:
     mid, raw = request.app[_JOBS].manifest_bytes(request.match_info["name"])
     return web.Response(body=raw, content_type=MSGPACK, headers={"X-Shoal-Manifest": mid})
@@ -116,10 +160,19 @@ def add_job_routes(app: web.Application, jobs: JobManager) -> None:
 
     jobs.on_tasks = wake
     app[_CLOSING] = [False]
+    app[_GEN] = [asyncio.Event()]
+
+    def generation_moved() -> None:
+        events = app[_GEN]
+        old, events[0] = events[0], asyncio.Event()
+        old.set()
+
+    jobs.on_generation = generation_moved
 
     async def closing(app: web.Application) -> None:
         app[_CLOSING][0] = True  # long-polls answer now instead of holding up the shutdown
         wake()
+        generation_moved()
 
     app.on_shutdown.append(closing)
     app.router.add_post(JOBS, _submit)
@@ -130,3 +183,4 @@ def add_job_routes(app: web.Application, jobs: JobManager) -> None:
     app.router.add_get(CLAIM, _claim)
     app.router.add_post(TASK, _report)
     app.router.add_get(MANIFEST, _manifest)
+    app.router.add_get(control.WATCH, _watch)

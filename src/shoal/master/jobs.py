@@ -6,6 +6,12 @@ re-plans the share of a lost worker, and runs cron schedules. Everything is pers
 A load or sync job first lists its paths in under storage (a ``list`` task run by a
 worker, with parallel listing), which refreshes the dataset's manifest; a load then
 skips every file a worker already holds at its current version.
+
+Decisions about one task (claim, report, lease missed, restart) are the pure functions
+of :mod:`shoal.core.jobs`. A lost worker's share goes to the owners the ring names
+instead, and back to it (``handback`` tasks; the job reopens) when it returns, so a
+finished load leaves every file where readers look. A job whose listing made a new
+datasets generation is done only once recent watchers acknowledged it (or after 5 s).
 """
 
 from __future__ import annotations
@@ -16,15 +22,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from croniter import croniter
-
+from shoal.core import cron
 from shoal.core import jobs as J
 from shoal.core.jobs import JobSpec, Progress
 from shoal.core.manifest import Entry, Manifest
 from shoal.core.ring import Ring
 from shoal.core.types import Dataset
-from shoal.errors import InvalidArgument, NotFound
+from shoal.errors import DatasetNotFound, NotFound
 from shoal.master.jobstate import Job, JobState, Schedule, Task
+from shoal.master.jobviews import job_progress, job_view, schedule_view
+from shoal.master.watchers import Watchers
 
 log = logging.getLogger("shoal.master.jobs")
 
@@ -34,6 +41,8 @@ LEASE = 30.0
 MAX_ATTEMPTS = 3
 #: finished jobs kept for `shoal job ls`
 KEEP_FINISHED = 200
+#: a load finished this long ago still hands a returning worker its share back
+HANDBACK_WINDOW = 600.0
 
 
 class JobManager:
@@ -44,19 +53,26 @@ class JobManager:
         ring: Callable[[], Ring],
         set_manifest: Callable[[str, str], Dataset],
         clock: Callable[[], float] = time.time,
+        generation: Callable[[], int] = lambda: 0,
     ) -> None:
         self.state = state
         self._dataset = dataset
         self._ring = ring
         self._set_manifest = set_manifest
         self._clock = clock
+        #: the master's datasets generation (what watchers wait on)
+        self.generation = generation
+        self.watch = Watchers(clock)
         self._manifests: dict[str, tuple[str, Manifest]] = {}
         #: missed leases per task (since this master started)
         self._missed: dict[int, int] = {}
         #: called whenever new tasks can be claimed (wakes long-polling workers)
         self.on_tasks: Callable[[], None] = lambda: None
+        #: called when the datasets generation moved (wakes long-polling watchers)
+        self.on_generation: Callable[[], None] = lambda: None
+        now = clock()
         for t in state.tasks("WHERE state = ?", (J.T_RUNNING,)):
-            t.state, t.lease = J.T_PENDING, 0.0  # leases do not survive a restart
+            t.apply(J.master_restarted(t.machine(), now, LEASE))
             state.put_task(t)
 
     # -- manifests ------------------------------------------------------------------
@@ -99,10 +115,7 @@ class JobManager:
         self._dataset(spec.dataset)  # DatasetNotFound before anything is stored
         now = self._clock()
         if schedule is not None:
-            if not croniter.is_valid(schedule):
-                raise InvalidArgument(
-                    f"invalid cron expression {schedule!r}: expected five fields, e.g. '0 3 * * *'"
-                )
+            cron.check(schedule)
             s = Schedule(
                 "s-" + uuid.uuid4().hex[:10], schedule, spec, True, _next(schedule, now), "", now
             )
@@ -162,56 +175,13 @@ class JobManager:
     # -- views ----------------------------------------------------------------------
 
     def progress(self, job: Job) -> Progress:
-        total = Progress()
-        for t in self.state.tasks("WHERE job = ? AND kind = ?", (job.id, J.T_LOAD)):
-            if t.state != "reassigned":
-                total.add(t.progress)
-        for t in self.state.tasks(
-            "WHERE job = ? AND kind IN (?, ?)", (job.id, J.T_FREE, J.T_INVALIDATE)
-        ):
-            total.add(t.progress)
-        total.files_total = int(job.listed.get("files_total", 0))
-        total.bytes_total = int(job.listed.get("bytes_total", 0))
-        for path, reason in job.listed.get("missing", []):
-            total.files_total += 1
-            total.files_failed += 1
-            if len(total.failures) < J.MAX_FAILURES:
-                total.failures.append([path, reason])
-        return total
+        return job_progress(self.state, job)
 
     def view(self, job: Job) -> dict[str, Any]:
-        p = self.progress(job)
-        end = job.finished or self._clock()
-        secs = max(1e-9, end - job.created)
-        return {
-            "id": job.id,
-            "kind": job.spec.kind,
-            "dataset": job.spec.dataset,
-            "state": job.state,
-            "spec": job.spec.to_dict(),
-            "schedule": job.schedule,
-            "created": job.created,
-            "updated": job.updated,
-            "finished": job.finished,
-            "error": job.error,
-            "tasks": self.state.counts(job.id),
-            **p.to_dict(),
-            "bytes_per_s": p.bytes_done / secs,
-            "files_per_s": (p.files_done + p.files_skipped) / secs,
-        }
+        return job_view(self.state, job, self._clock())
 
     def schedule_view(self, s: Schedule) -> dict[str, Any]:
-        return {
-            "id": s.id,
-            "cron": s.cron,
-            "spec": s.spec.to_dict(),
-            "enabled": s.enabled,
-            "next_run": s.next_run,
-            "last_job": s.last_job,
-            "kind": "schedule",
-            "dataset": s.spec.dataset,
-            "state": "enabled" if s.enabled else "disabled",
-        }
+        return schedule_view(s)
 
     def get(self, jid: str) -> dict[str, Any]:
         if jid.startswith("s-"):
@@ -237,13 +207,15 @@ class JobManager:
             job = active.get(t.job)
             if job is None:
                 continue
-            t.state, t.lease = J.T_RUNNING, self._clock() + LEASE
+            t.apply(J.claimed(t.machine(), self._clock(), LEASE))
             self.state.put_task(t)
             ds = self._dataset(job.spec.dataset)
             return {
                 "id": t.id,
                 "job": t.job,
-                "kind": t.kind,
+                # a handback is a load like any other for the worker
+                "kind": J.T_LOAD if t.kind == J.T_HANDBACK else t.kind,
+                "attempt": t.attempt,
                 "dataset": ds.name,
                 "items": t.items,
                 "verify": job.spec.verify,
@@ -251,36 +223,40 @@ class JobManager:
         return None
 
     def report(self, task_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        r = J.TaskReport.from_body(body)
         t = self.state.task(task_id)
         if t is None:
             raise NotFound(f"no task {task_id}")
         job = self._job(t.job)
-        stop = job.state not in (J.LISTING, J.RUNNING) or t.state != J.T_RUNNING
-        if t.state == J.T_RUNNING:
-            t.progress.add(Progress.from_dict(body.get("progress") or {}))
-            t.lease = self._clock() + LEASE
-            if body.get("entries") is not None and t.kind == J.T_LIST:
-                self._listed_entries(job, body["entries"], body.get("missing") or [])
-            listing_failed = t.kind == J.T_LIST and body.get("entries") is None
-            if body.get("final") and listing_failed and not body.get("remaining"):
-                why = "; ".join(r for _, r in t.progress.failures[:1]) or "listing failed"
+        active = job.state in (J.LISTING, J.RUNNING)
+        new, verdict = J.reported(t.machine(), r, active, self._clock(), LEASE)
+        if not verdict.accepted:
+            return {"stop": verdict.stop}
+        t.apply(new)
+        if t.kind == J.T_LIST and r.final:
+            if r.entries is not None:
+                self._listed_entries(job, r.entries, list(r.missing))
+            elif not r.remaining:
+                why = "; ".join(x for _, x in t.progress.failures[:1]) or "listing failed"
                 job.state, job.error, job.finished = J.FAILED, why, self._clock()
                 self.state.put_job(job)
-            if body.get("final"):
-                remaining = body.get("remaining")
-                if remaining:  # stopped part way: the rest waits for a resume
-                    t.items, t.state = remaining, J.T_PENDING
-                else:
-                    t.state = J.T_DONE
-            self.state.put_task(t)
-            if body.get("final"):
-                self.advance(job)
-        return {"stop": stop}
+        if t.kind == J.T_HANDBACK and r.final and t.progress.files_failed:
+            log.warning(
+                "handback task %d on %s: %d files could not be loaded (%s)",
+                t.id,
+                t.worker,
+                t.progress.files_failed,
+                t.progress.failures[:1],
+            )
+        self.state.put_task(t)
+        if r.final:
+            self.advance(job)
+        return {"stop": verdict.stop}
 
     def _listed_entries(self, job: Job, entries: list[list[Any]], missing: list[str]) -> None:
         ds = self._dataset(job.spec.dataset)
         old = self.manifest(ds.name) or Manifest(ds.name, [])
-        fresh = [Entry(str(p), int(s), str(v), float(m)) for p, s, v, m in entries]
+        fresh = [Entry.from_row(row) for row in entries]  # [path, size, version, mtime(, ns)]
         prefixes = job.spec.prefixes() if job.spec.files is None else []
         if job.spec.files is not None:
             # only the named files were looked at: replace exactly those
@@ -296,6 +272,8 @@ class JobManager:
         job.listed["missing"] = [[p, "not found in under storage"] for p in missing]
         job.listed["done"] = True
         self._save_manifest(new)
+        # what watchers must acknowledge before the job is reported done
+        job.listed["generation"] = self.generation()
         self.state.put_job(job)
 
     def _listed(self, job: Job) -> bool:
@@ -324,22 +302,23 @@ class JobManager:
         elif job.state == J.LISTING and self._listed(job):
             self._plan_after_listing(job, ring)
             self.on_tasks()
-        elif job.state == J.RUNNING:
-            counts = self.state.counts(job.id)
-            if all(k in (J.T_DONE, "reassigned") for k in counts):
-                p = self.progress(job)
-                job.state = (
-                    J.FAILED if p.files_total and p.files_failed == p.files_total else J.DONE
-                )
-                job.finished = now
-                log.info(
-                    "job %s %s: %d done, %d skipped, %d failed",
-                    job.id,
-                    job.state,
-                    p.files_done,
-                    p.files_skipped,
-                    p.files_failed,
-                )
+        # not elif: a job planned just now with nothing to do finishes now
+        if (
+            job.state == J.RUNNING
+            and J.settled(self.state.counts(job.id))
+            and not self.watch.holding(job, now)
+        ):
+            p = self.progress(job)
+            job.state = J.FAILED if p.files_total and p.files_failed == p.files_total else J.DONE
+            job.finished = now
+            log.info(
+                "job %s %s: %d done, %d skipped, %d failed",
+                job.id,
+                job.state,
+                p.files_done,
+                p.files_skipped,
+                p.files_failed,
+            )
         job.updated = now
         self.state.put_job(job)
 
@@ -355,7 +334,7 @@ class JobManager:
             job.state = J.RUNNING
             return
         if spec.metadata_only:
-            job.state, job.finished = J.DONE, self._clock()
+            job.state = J.RUNNING  # no tasks: done as soon as watchers have the manifest
             return
         man = self.manifest(ds.name) or Manifest(ds.name, [])
         if spec.files is not None:
@@ -363,8 +342,7 @@ class JobManager:
         else:
             entries = man.select(list(spec.paths), spec.glob)
         items = [[e.path, e.size, e.version] for e in entries]
-        replicas = spec.replicas or ds.policy.replicas
-        tasks = J.plan(ds.name, items, ring, replicas, ds.policy.placement == "local")
+        tasks = J.plan(ds.name, items, ring, _replicas(job, ds), _local(ds))
         job.listed["files_total"] = sum(len(b) for _, b in tasks)
         job.listed["bytes_total"] = sum(int(i[1]) for _, b in tasks for i in b)
         self.state.add_tasks(job.id, J.T_LOAD, tasks)
@@ -376,6 +354,8 @@ class JobManager:
         ring = self._ring()
         live = set(ring.members)
         changed = False
+        #: (lost worker, job) -> files moved, and to whom: one log line each
+        moved: dict[tuple[str, str], tuple[int, set[str]]] = {}
         for t in self.state.tasks("WHERE state IN (?, ?)", (J.T_PENDING, J.T_RUNNING)):
             if t.worker in live:
                 if t.state == J.T_RUNNING and t.lease < now:
@@ -385,7 +365,10 @@ class JobManager:
             if not live:
                 continue
             changed = True
-            self._reassign(t, ring)
+            n, to = moved.get((t.worker, t.job), (0, set()))
+            moved[(t.worker, t.job)] = (n + len(t.items), to | self._reassign(t, ring))
+        for (lost, jid), (n, to) in sorted(moved.items()):
+            log.warning("worker %s lost: its %d files of job %s go to %s", lost, n, jid, sorted(to))
         for job in self.state.jobs("WHERE state IN (?, ?, ?)", (J.PENDING, J.LISTING, J.RUNNING)):
             self.advance(job)
         self._run_schedules(now)
@@ -399,41 +382,103 @@ class JobManager:
         n = self._missed[t.id] = self._missed.get(t.id, 0) + 1
         if n < MAX_ATTEMPTS:
             log.warning("task %d on %s missed its lease; handing it out again", t.id, t.worker)
-            t.state = J.T_PENDING
+            t.apply(J.abandoned(t.machine()))
             self.state.put_task(t)
             return
         why = f"task {t.id} on {t.worker} missed its lease {n} times"
         log.error("%s: giving up on it", why)
-        t.state = J.T_DONE
-        if t.kind == J.T_LOAD:
-            failures = [[i[0], why] for i in t.items[: J.MAX_FAILURES]]
-            t.progress.add(Progress(files_failed=len(t.items), failures=failures))
+        t.apply(J.given_up(t.machine(), why, t.kind == J.T_LOAD))
         self.state.put_task(t)
         if t.kind == J.T_LIST:
             job = self._job(t.job)
             job.state, job.error, job.finished = J.FAILED, why, self._clock()
             self.state.put_job(job)
 
-    def _reassign(self, t: Task, ring: Ring) -> None:
+    def _reassign(self, t: Task, ring: Ring) -> set[str]:
+        """Move a lost worker's task; the workers its load items went to."""
         job = self._job(t.job)
+        to: set[str] = set()
         if t.kind == J.T_LOAD:
             ds = self._dataset(job.spec.dataset)
-            replicas = job.spec.replicas or ds.policy.replicas
-            moved = J.replan(ds.name, t.items, ring, replicas, ds.policy.placement == "local")
+            moved = J.replan(ds.name, t.items, ring, _replicas(job, ds), _local(ds))
             self.state.add_tasks(job.id, J.T_LOAD, moved)
-            t.state = "reassigned"
-            log.warning(
-                "worker %s lost: its %d files of job %s go to %s",
-                t.worker,
-                len(t.items),
-                job.id,
-                sorted(w for w, _ in moved),
-            )
+            t.state = J.T_REASSIGNED
+            to = {w for w, _ in moved}
         elif t.kind == J.T_LIST:
-            t.worker, t.state = ring.members[0], J.T_PENDING
+            t.apply(J.abandoned(t.machine()))
+            t.worker = ring.members[0]
         else:
-            t.state = J.T_DONE  # a lost worker's cache is gone with it
+            # a lost worker's cache is gone with it (free, invalidate), and a handback's
+            # files are where the job first put them
+            t.state = J.T_DONE
         self.state.put_task(t)
+        return to
+
+    # -- workers coming back ----------------------------------------------------------
+
+    def worker_joined(self, wid: str, restarted: bool) -> None:
+        """A worker registered. ``restarted``: it was live, so this is a new process and
+        the attempts its old one was running are gone; run them again now rather than
+        after their leases. Then hand it back its share of recent loads that were
+        reassigned away from it while it was gone."""
+        now = self._clock()
+        if restarted:
+            for t in self.state.tasks("WHERE worker = ? AND state = ?", (wid, J.T_RUNNING)):
+                t.apply(J.abandoned(t.machine()))
+                self.state.put_task(t)
+        ring = self._ring()
+        if wid not in ring.members:
+            return
+        woke = restarted
+        recent = self.state.jobs(
+            "WHERE state IN (?, ?, ?) OR (state = ? AND finished > ?)",
+            (J.PENDING, J.LISTING, J.RUNNING, J.DONE, now - HANDBACK_WINDOW),
+        )
+        for job in recent:
+            gone = self.state.tasks(
+                "WHERE job = ? AND worker = ? AND state = ? AND kind = ?",
+                (job.id, wid, J.T_REASSIGNED, J.T_LOAD),
+            )
+            later = self.state.jobs("WHERE created > ?", (job.created,)) if gone else []
+            if not gone or any(
+                j.spec.kind == "free" and j.spec.dataset == job.spec.dataset for j in later
+            ):
+                continue  # nothing went elsewhere, or the dataset was freed since
+            try:
+                ds = self._dataset(job.spec.dataset)
+            except DatasetNotFound:
+                continue  # deleted since: nothing to hand back
+            man = self.manifest(ds.name) or Manifest(ds.name, [])
+            items = [it for t in gone for it in t.items]
+            mine = J.handback(ds.name, items, man.get, ring, _replicas(job, ds), _local(ds), wid)
+            self.state.add_tasks(job.id, J.T_HANDBACK, mine)
+            for t in gone:
+                t.state = J.T_RETURNED
+                self.state.put_task(t)
+            log.info(
+                "worker %s is back: handing it %d files of job %s that went elsewhere",
+                wid,
+                sum(len(b) for _, b in mine),
+                job.id,
+            )
+            if job.state == J.DONE:  # reopened until the returning owner has its share
+                job.state, job.finished, job.updated = J.RUNNING, 0.0, now
+                self.state.put_job(job)
+            woke = True
+        if woke:
+            self.on_tasks()
+
+    # -- watchers -------------------------------------------------------------------
+
+    def watch_begin(self, wid: str, since: int) -> None:
+        """A watcher polls: its acknowledgement may let jobs that wait for it finish."""
+        self.watch.begin(wid, since)
+        for job in self.state.jobs("WHERE state = ?", (J.RUNNING,)):
+            if "watch_wait" in job.listed:
+                self.advance(job)
+
+    def watch_end(self, wid: str) -> None:
+        self.watch.end(wid)
 
     def _run_schedules(self, now: float) -> None:
         for s in self.state.schedules():
@@ -451,5 +496,13 @@ class JobManager:
             self.state.put_schedule(s)
 
 
-def _next(cron: str, now: float) -> float:
-    return float(croniter(cron, now).get_next(float))
+def _replicas(job: Job, ds: Dataset) -> int:
+    return job.spec.replicas or ds.policy.replicas
+
+
+def _local(ds: Dataset) -> bool:
+    return ds.policy.placement == "local"
+
+
+def _next(expr: str, now: float) -> float:
+    return cron.next_run(expr, now)

@@ -14,7 +14,14 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.core.jobs import JobSpec, Progress
+from shoal.core.jobs import JobSpec, Progress, TaskRun
+
+#: task columns added after the first release: (name, declaration), for older state dirs
+_ADDED_TASK_COLUMNS = (
+    ("attempt", "INTEGER NOT NULL DEFAULT 0"),
+    ("seq", "INTEGER NOT NULL DEFAULT 0"),
+    ("run", "TEXT NOT NULL DEFAULT '{}'"),
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -26,7 +33,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS tasks (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, worker TEXT NOT NULL,
     kind TEXT NOT NULL, items TEXT NOT NULL, state TEXT NOT NULL,
-    progress TEXT NOT NULL DEFAULT '{}', lease REAL NOT NULL DEFAULT 0
+    progress TEXT NOT NULL DEFAULT '{}', lease REAL NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL DEFAULT 0,
+    run TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS tasks_job ON tasks(job);
 CREATE INDEX IF NOT EXISTS tasks_claim ON tasks(worker, state);
@@ -59,8 +68,23 @@ class Task:
     kind: str
     items: list[Any]
     state: str
+    #: counted for items finished by earlier attempts (see :class:`TaskRun`)
     progress: Progress
     lease: float = 0.0
+    attempt: int = 0
+    seq: int = 0
+    #: the current attempt's latest cumulative report
+    run: Progress = field(default_factory=Progress)
+
+    def machine(self) -> TaskRun:
+        """The part of the task the decisions in :mod:`shoal.core.jobs` act on."""
+        return TaskRun(
+            self.state, self.items, self.attempt, self.seq, self.progress, self.run, self.lease
+        )
+
+    def apply(self, r: TaskRun) -> None:
+        self.state, self.items, self.attempt, self.seq = r.state, r.items, r.attempt, r.seq
+        self.progress, self.run, self.lease = r.base, r.run, r.lease
 
 
 @dataclass
@@ -86,6 +110,10 @@ class JobState:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(tasks)")}
+        for name, decl in _ADDED_TASK_COLUMNS:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         self._db.close()
@@ -152,7 +180,9 @@ class JobState:
 
     def tasks(self, where: str = "", args: tuple[Any, ...] = ()) -> list[Task]:
         rows = self._x(
-            f"SELECT id, job, worker, kind, items, state, progress, lease FROM tasks {where}", args
+            "SELECT id, job, worker, kind, items, state, progress, lease, attempt, seq, run"
+            f" FROM tasks {where}",
+            args,
         ).fetchall()
         return [
             Task(
@@ -164,6 +194,9 @@ class JobState:
                 r[5],
                 Progress.from_dict(json.loads(r[6])),
                 r[7],
+                r[8],
+                r[9],
+                Progress.from_dict(json.loads(r[10])),
             )
             for r in rows
         ]
@@ -174,13 +207,17 @@ class JobState:
 
     def put_task(self, t: Task) -> None:
         self._x(
-            "UPDATE tasks SET worker=?, items=?, state=?, progress=?, lease=? WHERE id=?",
+            "UPDATE tasks SET worker=?, items=?, state=?, progress=?, lease=?, attempt=?, seq=?,"
+            " run=? WHERE id=?",
             (
                 t.worker,
                 json.dumps(t.items),
                 t.state,
                 json.dumps(t.progress.to_dict()),
                 t.lease,
+                t.attempt,
+                t.seq,
+                json.dumps(t.run.to_dict()),
                 t.id,
             ),
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 from shoal.config import MasterSettings
 from shoal.core.membership import (
+    LIVE,
     EpochBumped,
     Membership,
     Transition,
@@ -93,8 +94,14 @@ class MasterService:
         )
         self._dirty: set[str] = set()
         self.jobs = JobManager(
-            JobState(settings.state_dir), self.get_dataset, self.ring, self.state.set_manifest
+            JobState(settings.state_dir),
+            self.get_dataset,
+            self.ring,
+            self.state.set_manifest,
+            generation=lambda: self.state.datasets_generation,
         )
+        # late-bound: the job routes install the watchers' wake-up after this
+        self.state.on_generation = lambda: self.jobs.on_generation()
         if stored:
             log.info(
                 "reloaded %d workers (%d live) at ring epoch %d",
@@ -106,7 +113,7 @@ class MasterService:
     # --- datasets ------------------------------------------------------------------------
 
     def create_dataset(self, body: Any) -> Dataset:
-        ds = self.state.create_dataset(validate.parse_dataset(body))
+        ds = self.state.create_dataset(validate.parse_dataset(body, self.settings.file_roots))
         log.info("dataset %s created with %d mounts", ds.name, len(ds.mounts))
         return ds
 
@@ -133,7 +140,15 @@ class MasterService:
 
     def register(self, body: Any) -> RegisterResponse:
         info = validate.parse_register(body)
+        prev = self.membership.get(info.id)
+        # a live worker registers only when its process is new (a running one is told
+        # to re-register only after the master restarted or expired it)
+        restarted = prev is not None and prev.state == LIVE
         self._apply(self.membership.register(info, self._clock()))
+        try:
+            self.jobs.worker_joined(info.id, restarted)
+        except Exception:  # job bookkeeping must never refuse a registration
+            log.exception("worker %s: could not hand back its share of recent loads", info.id)
         log.info(
             "worker %s registered at %s:%d (node %s); ring epoch %d",
             info.id,

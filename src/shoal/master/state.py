@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -75,6 +75,8 @@ class MasterState:
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, exist_ok=True)
         self.path = os.path.join(state_dir, DB_NAME)
+        #: called after a committed change moved ``datasets_generation`` (wakes watchers)
+        self.on_generation: Callable[[], None] = lambda: None
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _tx)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -129,6 +131,7 @@ class MasterState:
             except sqlite3.IntegrityError:
                 raise DatasetExists(f"dataset {ds.name!r} already exists") from None
             _bump(cur, "datasets_generation")
+        self.on_generation()
         return ds
 
     def get_dataset(self, name: str) -> Dataset:
@@ -161,6 +164,7 @@ class MasterState:
                 (json.dumps(new.to_dict()), new.generation, name),
             )
             _bump(cur, "datasets_generation")
+        self.on_generation()
         return new
 
     def delete_dataset(self, name: str) -> None:
@@ -169,6 +173,7 @@ class MasterState:
             if cur.rowcount == 0:
                 raise DatasetNotFound(f"no dataset named {name!r}")
             _bump(cur, "datasets_generation")
+        self.on_generation()
 
     # --- workers -------------------------------------------------------------------------
 

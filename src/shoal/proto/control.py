@@ -7,6 +7,27 @@ exception class with :func:`raise_for_error`.
 
 The control API is off the data path: workers register and heartbeat, clients fetch the
 ring and dataset definitions, operators create datasets and read reports.
+
+Watching for changes (``GET /api/v1/watch?since=N&timeout=S&watcher=ID``): a client
+that caches what the master describes (the FUSE mount: kernel attributes and pages)
+long-polls this route. The answer is ``{"datasets_generation": G}`` (200) as soon as the
+master's datasets generation G is greater than ``since``, or when ``timeout`` seconds
+(a float, default 30, capped at 60) have passed, with the current G then. ``watcher``
+(required; 1-256 printable characters, stable for the process) names the watcher. The
+generation moves on every dataset create, update and delete and every new manifest
+(a load's or sync's listing).
+
+The master remembers each watcher's last ``since`` and when it last polled or was
+answered. A poll is the watcher's acknowledgement that it has applied every change up
+to ``since``, so a watcher applies the change (invalidates what it cached) *before* it
+polls again with the new G. A job that produced a new generation (``sync``; also a
+load, whose listing saves a manifest) is reported ``done`` only once every watcher heard
+from in the last 10 s has polled again with ``since >= `` that generation, or after 5 s
+(the master then logs a WARNING naming the lagging watchers). Hence after ``shoal sync
+--wait`` returns, every live watcher has applied the sync. A watcher that goes away
+holds up no job for more than 5 s, and none at all once it has been silent for 10 s.
+Watchers are kept in the master's memory only: after a master restart they count again
+from their next poll.
 """
 
 from __future__ import annotations
@@ -35,6 +56,10 @@ WORKER_REGISTER = f"{API_PREFIX}/workers/register"
 WORKER_HEARTBEAT = f"{API_PREFIX}/workers/{{id}}/heartbeat"
 RING = f"{API_PREFIX}/ring"
 REPORT = f"{API_PREFIX}/report"
+WATCH = f"{API_PREFIX}/watch"
+#: longest a watch poll is held open (seconds); a larger ``timeout`` is capped to it
+WATCH_MAX_TIMEOUT = 60.0
+WATCH_DEFAULT_TIMEOUT = 30.0
 METRICS = "/metrics"
 
 #: message used for 500 responses; the details go to the master's log, not the wire
@@ -180,6 +205,13 @@ def ring_from_response(body: RingResponse) -> Ring:
         [w["id"] for w in body["workers"]],
         int(body.get("vnodes", DEFAULT_VNODES)),
     )
+
+
+# --- watch ------------------------------------------------------------------------------
+
+
+class WatchResponse(TypedDict):
+    datasets_generation: int
 
 
 # --- report -----------------------------------------------------------------------------

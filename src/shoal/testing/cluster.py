@@ -70,6 +70,14 @@ class TestCluster(LocalCluster):
     def stop_master(self, sig: int = signal.SIGTERM) -> None:
         self.stop_process("master", sig)
 
+    def restart_master(self, sig: int = signal.SIGKILL) -> str:
+        """Stop the master with ``sig`` (default: a crash) and start it again on the same
+        port and state directory, so workers and clients find it where it was."""
+        self.stop_master(sig)
+        url = self.start_master()
+        self.save()
+        return url
+
     def s3_dataset(
         self, bucket: str, endpoint: str, options: dict[str, str] | None = None, name: str = "ds"
     ) -> None:

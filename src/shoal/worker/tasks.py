@@ -5,8 +5,11 @@
 - ``free``: drop cached files under paths;
 - ``invalidate``: drop versions that a sync found changed or gone.
 
-Progress goes back as deltas every half second; the master's answer says whether the
-job was stopped, in which case the files not yet done are handed back.
+Progress goes back every half second as the cumulative count of this attempt (the
+claim's ``attempt``) with a rising sequence number, so a report that is lost, repeated
+or overtaken changes nothing: the final report carries the whole count, and it is
+retried until the master takes it (or the lease would be over anyway). The master's
+answer says whether to stop, in which case the files not yet done are handed back.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
-from shoal.core.jobs import MAX_FAILURES, Progress
+from shoal.core.jobs import MAX_FAILURES, Progress, TaskReport
 from shoal.core.types import FileInfo
 from shoal.errors import NotFound, ShoalError
 from shoal.ufs.base import UnderStore
@@ -36,10 +39,38 @@ PARALLEL_TASKS = 2
 #: concurrent directory walks while listing
 LIST_PARALLELISM = 16
 REPORT_EVERY = 0.5
+#: how long a final report is retried (the master's lease on a task is 30 s)
+FINAL_REPORT_FOR = 30.0
 
 
 class Stopped(Exception):
     """The master said the job was stopped."""
+
+
+class _Attempt:
+    """The reports of one claimed task: its attempt and their sequence numbers."""
+
+    def __init__(self, runner: TaskRunner, task: dict[str, Any]) -> None:
+        self.runner = runner
+        self.tid = int(task["id"])
+        self.attempt = int(task.get("attempt", 0))
+        self.seq = 0
+
+    async def send(
+        self,
+        progress: Progress,
+        final: bool = False,
+        remaining: list[list[Any]] | None = None,
+        entries: list[list[Any]] | None = None,
+        missing: list[str] | None = None,
+    ) -> bool:
+        """Report; True when the master says stop."""
+        self.seq += 1
+        r = TaskReport(
+            self.attempt, self.seq, progress, final, remaining, entries, tuple(missing or ())
+        )
+        # to_body copies the counts now, before anything else can change them
+        return await self.runner._report(self.tid, r.to_body(), entries is not None, final)
 
 
 class TaskRunner:
@@ -91,29 +122,32 @@ class TaskRunner:
         await asyncio.gather(*self._running, return_exceptions=True)
 
     async def _run_one(self, task: dict[str, Any]) -> None:
+        att = _Attempt(self, task)
         try:
-            await self._execute(task)
+            await self._execute(task, att)
         except Exception as exc:  # a task must never take the runner down
             log.error(
                 "task %s (%s) failed: %s", task.get("id"), task.get("kind"), exc, exc_info=exc
             )
             with contextlib.suppress(Exception):
-                await self._report(
-                    task["id"],
-                    {
-                        "final": True,
-                        "progress": Progress(
-                            files_failed=len(task.get("items") or []),
-                            failures=[["*", f"worker error: {exc}"]],
-                        ).to_dict(),
-                    },
+                failed = Progress(
+                    files_failed=len(task.get("items") or []),
+                    failures=[["*", f"worker error: {exc}"]],
                 )
+                await att.send(failed, final=True)
         finally:
             self._slots.release()
 
-    async def _report(self, tid: int, body: dict[str, Any], packed: bool = False) -> bool:
+    async def _report(
+        self, tid: int, body: dict[str, Any], packed: bool = False, final: bool = False
+    ) -> bool:
+        """Post one report; a progress report is tried once (the next one carries its
+        counts too), a final one until the master answers or FINAL_REPORT_FOR passed."""
         url = f"{self.master}/api/v1/tasks/{tid}"
-        for attempt in range(5):
+        deadline = time.monotonic() + FINAL_REPORT_FOR
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 if packed:
                     data = msgpack.packb(body, use_bin_type=True)
@@ -132,23 +166,24 @@ class TaskRunner:
                     reply = await r.json()
                     return bool(reply.get("stop", False))
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                if not final:
+                    log.debug("task %s progress report failed (%s)", tid, exc)
+                    return False
+                if time.monotonic() > deadline:
+                    log.error("task %s: final report failed for good (%s)", tid, exc)
+                    return False
                 log.warning("task %s report failed (%s); retrying", tid, exc)
-                await asyncio.sleep(0.5 * (attempt + 1))
-        return False
+                await asyncio.sleep(min(2.0, 0.25 * attempt))
 
-    async def _execute(self, task: dict[str, Any]) -> None:
-        kind, ds, items, tid = task["kind"], task["dataset"], task["items"], task["id"]
+    async def _execute(self, task: dict[str, Any], att: _Attempt) -> None:
+        kind, ds, items = task["kind"], task["dataset"], task["items"]
         if ds not in self.table:
             await self._ensure_dataset()
         if kind == "list":
             entries, missing = await self.list(ds, items, bool(task.get("files")))
-            await self._report(
-                tid,
-                {"final": True, "entries": entries, "missing": missing, "progress": {}},
-                packed=True,
-            )
+            await att.send(Progress(), final=True, entries=entries, missing=missing)
         elif kind == "load":
-            await self._load(tid, ds, items, bool(task.get("verify")))
+            await self._load(att, ds, items, bool(task.get("verify")))
         elif kind == "free":
             freed = files = 0
             for prefix in items:
@@ -156,10 +191,7 @@ class TaskRunner:
                     freed += self.loader.store.delete(fk)
                     self.loader.forget_path(ds, fk.path)
                     files += 1
-            await self._report(
-                tid,
-                {"final": True, "progress": Progress(files_done=files, bytes_done=freed).to_dict()},
-            )
+            await att.send(Progress(files_done=files, bytes_done=freed), final=True)
         elif kind == "invalidate":
             # the sync's new manifest is saved before these tasks exist: take it first, so
             # that when the job is done no worker still answers from the old one
@@ -171,17 +203,15 @@ class TaskRunner:
                     if fk.path == path and fk.version != keep:
                         self.loader.store.delete(fk)
                         files += 1
-            await self._report(
-                tid, {"final": True, "progress": Progress(files_done=files).to_dict()}
-            )
+            await att.send(Progress(files_done=files), final=True)
         else:
             log.warning("unknown task kind %r", kind)
-            await self._report(tid, {"final": True, "progress": {}})
+            await att.send(Progress(), final=True)
 
     # -- load -----------------------------------------------------------------------
 
-    async def _load(self, tid: int, ds: str, items: list[list[Any]], verify: bool) -> None:
-        delta = Progress()
+    async def _load(self, att: _Attempt, ds: str, items: list[list[Any]], verify: bool) -> None:
+        total = Progress()  # this attempt so far: every report carries all of it
         done: set[int] = set()
         stop = asyncio.Event()
 
@@ -196,22 +226,20 @@ class TaskRunner:
             try:
                 fetched, nbytes = await self.loader.load(ds, path, int(size), str(version), verify)
                 if fetched:
-                    delta.files_done += 1
-                    delta.bytes_done += nbytes
+                    total.files_done += 1
+                    total.bytes_done += nbytes
                 else:
-                    delta.files_skipped += 1
+                    total.files_skipped += 1
             except ShoalError as exc:
-                delta.files_failed += 1
-                if len(delta.failures) < MAX_FAILURES:
-                    delta.failures.append([path, f"{exc.code}: {exc.message}"])
+                total.files_failed += 1
+                if len(total.failures) < MAX_FAILURES:
+                    total.failures.append([path, f"{exc.code}: {exc.message}"])
             done.add(i)
 
         async def reporter() -> None:
             while True:
                 await asyncio.sleep(REPORT_EVERY)
-                nonlocal delta
-                d, delta = delta, Progress()
-                if await self._report(tid, {"progress": d.to_dict()}):
+                if await att.send(total):
                     stop.set()
 
         rep = asyncio.get_running_loop().create_task(reporter())
@@ -222,24 +250,24 @@ class TaskRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await rep
         remaining = [it for i, it in enumerate(items) if i not in done]
-        body: dict[str, Any] = {"final": True, "progress": delta.to_dict()}
-        if remaining:
-            body["remaining"] = remaining
-        await self._report(tid, body)
+        # "done" must mean the pages are in the index a restart reads, not just in memory
+        self.loader.store.flush()
+        await att.send(total, final=True, remaining=remaining or None)
 
     # -- list -----------------------------------------------------------------------
 
     async def list(
         self, dataset: str, paths: list[str], named_files: bool
     ) -> tuple[list[list[Any]], list[str]]:
-        """Entries [path, size, version, mtime] under key paths (or exactly the named files)."""
+        """Entries [path, size, version, mtime, mtime_ns, link] under key paths (or named files)."""
         ds = self.table.get(dataset)
         sem = asyncio.Semaphore(LIST_PARALLELISM)
         out: list[list[Any]] = []
         missing: list[str] = []
 
         def add(mount: str, e: FileInfo) -> None:
-            out.append([f"{mount}/{e.path}" if e.path else mount, e.size, e.version, e.mtime])
+            path = f"{mount}/{e.path}" if e.path else mount
+            out.append([path, e.size, e.version, e.mtime, e.mtime_ns, e.link])
 
         async def flat(ufs: UnderStore, mount: str, rel: str) -> None:
             async with sem:
