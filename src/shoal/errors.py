@@ -173,3 +173,14 @@ class IsADirectory(ShoalError, IsADirectoryError):
 
 
 _collect(IsADirectory)
+
+
+class StaleLayout(ShoalError):
+    """The request was for another page layout (page size) than the worker serves: the
+    dataset's policy changed. The client refreshes the dataset and retries."""
+
+    errno = _errno.ESTALE
+    code = "stale_layout"
+
+
+_collect(StaleLayout)

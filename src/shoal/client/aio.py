@@ -22,8 +22,8 @@ import xxhash
 
 from shoal.client.cache import ClientCache, PageLoc, WorkerAddr
 from shoal.client.conn import Pool, Response
-from shoal.client.control import ControlPlane
-from shoal.client.local import TOUCH_FLUSH, read_located
+from shoal.client.hits import EXTRA_OWNERS, HitBook
+from shoal.client.local import TOUCH_EVERY, read_located
 from shoal.config import ClientSettings
 from shoal.core.ring import Ring
 from shoal.core.types import NEVER, Dataset, FileInfo, NsPath, split_path
@@ -35,6 +35,7 @@ from shoal.errors import (
     PathOutsideDataset,
     ProtocolError,
     ShoalError,
+    StaleLayout,
     StaleVersion,
     Unavailable,
     from_code,
@@ -52,24 +53,27 @@ LOCATE_AHEAD = 256 << 20
 DATASET_LOCATE_AFTER = 3
 #: seconds a worker that failed to answer is skipped
 SUSPECT_FOR = 5.0
-#: owners tried beyond the dataset's replicas before falling back to under storage
-EXTRA_OWNERS = 2
 
 
-class AsyncClient(ControlPlane):
+class AsyncClient(HitBook):
     def __init__(self, settings: ClientSettings, cache: ClientCache | None = None) -> None:
         super().__init__(settings, cache or ClientCache())
         self._pools: dict[tuple[str, bool], Pool] = {}
         self._suspect: dict[str, float] = {}
         self._ufs: dict[tuple[str, str], UnderStore] = {}
         self._refreshing: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._ring_datasets_gen: int | None = None
+        #: the master's datasets_generation at the last refresh of the definitions
+        self._datasets_gen: int | None = None
+        self.cache.refresh_every = settings.ring_refresh
 
     # -- datasets -------------------------------------------------------------------
 
     async def dataset(self, name: str, refresh: bool = False) -> Dataset:
         hit = self.cache.datasets.get(name)
         if hit is not None and not refresh:
-            if time.monotonic() - hit[1] > self.settings.ring_refresh:
+            if time.monotonic() - self.cache.checked_at > self.settings.ring_refresh:
                 self._refresh_soon()
             return hit[0]
         try:
@@ -78,13 +82,18 @@ class AsyncClient(ControlPlane):
             if hit is not None:
                 return hit[0]  # the master is down: keep serving what we know
             raise
-        self._install(ds, time.monotonic())
+        now = time.monotonic()
+        self._install(ds, now)
+        if not self.cache.checked_at:
+            self.cache.checked_at = now  # a new client: what it just fetched is fresh
         return ds
 
     # -- ring -----------------------------------------------------------------------
 
     async def refresh_ring(self) -> Ring:
         data = await self._master("GET", "/api/v1/ring")
+        gen = data.get("datasets_generation")
+        self._ring_datasets_gen = int(gen) if isinstance(gen, int) else None
         workers = {
             w["id"]: WorkerAddr(
                 w["id"], w["host"], int(w["port"]), w.get("uds") or "", w.get("node") or ""
@@ -106,13 +115,40 @@ class AsyncClient(ControlPlane):
         async def refresh() -> None:
             try:
                 await self.refresh_ring()
-                await self.datasets()
+                gen = self._ring_datasets_gen
+                if gen is None or gen != self._datasets_gen:
+                    # a sync or policy change: new definitions drop what they invalidate
+                    await self.datasets()
+                    self._datasets_gen = gen
             except ShoalError as exc:
                 log.debug("background refresh failed: %s", exc)
+            finally:
+                # tried: the short circuit serves on (a master that is down must not
+                # send every read the slow way) until the next refresh is due
+                self.cache.checked_at = time.monotonic()
 
         self._refreshing = asyncio.get_running_loop().create_task(refresh())
 
+    def _tick_soon(self) -> None:
+        """Start the background ticker of this loop, once: it sends buffered hits (the
+        short circuit's and note_local_read's) every TOUCH_EVERY seconds and keeps the
+        dataset definitions fresh, so that neither waits for a read on the slow path."""
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TOUCH_EVERY)
+            if self.cache.touch_log:
+                try:
+                    await self.flush_touches()
+                except Exception as exc:  # advisory: the next tick tries again
+                    log.debug("touch flush failed: %s", exc)
+            if time.monotonic() - self.cache.checked_at > self.settings.ring_refresh:
+                self._refresh_soon()
+
     async def _ring(self) -> Ring:
+        self._tick_soon()
         c = self.cache
         if c.ring is None:
             return await self.refresh_ring()
@@ -135,9 +171,6 @@ class AsyncClient(ControlPlane):
         now = time.monotonic()
         healthy = [w for w in addrs if self._suspect.get(w.id, 0.0) <= now]
         return healthy + [w for w in addrs if w not in healthy]
-
-    def is_local(self, w: WorkerAddr) -> bool:
-        return self.settings.short_circuit and bool(w.uds) and w.node == self.settings.node
 
     def _pool(self, w: WorkerAddr, local: bool) -> Pool:
         key = (w.id, local)
@@ -190,7 +223,7 @@ class AsyncClient(ControlPlane):
             elif man.is_dir(np.key_path):
                 return FileInfo(str(np), 0, "", 0.0, True)
         if info is None:
-            resp = await self._with_failover(ds, np, Op.STAT, [ds.name, np.key_path])
+            resp = await self._with_failover(ds, np, Op.STAT, [ds.name, np.key_path, ds.generation])
             info = FileInfo.from_wire(resp.meta)
             if not info.is_dir:
                 self.cache.remember(ds.name, info)
@@ -217,7 +250,7 @@ class AsyncClient(ControlPlane):
                 FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir)
                 for e in entries
             ]
-        resp = await self._with_failover(ds, np, Op.LIST, [ds.name, np.key_path])
+        resp = await self._with_failover(ds, np, Op.LIST, [ds.name, np.key_path, ds.generation])
         out = []
         for w in resp.meta:
             e = FileInfo.from_wire(w)
@@ -248,7 +281,12 @@ class AsyncClient(ControlPlane):
         return await self.read(path, 0, -1)
 
     async def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
-        """Bytes [offset, offset+length) of a file (length -1: to the end)."""
+        """Bytes [offset, offset+length) of a file (length -1: to the end).
+
+        Never a short read: what is returned has the length the file's size and the range
+        imply, or an error is raised. A worker that serves another page layout (the
+        dataset's page size changed) answers StaleLayout: the dataset is refreshed and
+        the read tried once more in the new layout."""
         ds, np = await self._resolve(path)
         if not np.rel:
             raise IsADirectory(str(np))
@@ -257,6 +295,17 @@ class AsyncClient(ControlPlane):
         if fast is not None:
             self._flush_touches_maybe()
             return fast
+        await self._report_bad_pages()
+        try:
+            return await self._read(ds, np, offset, length, False)
+        except StaleLayout:
+            ds = await self.dataset(ds.name, refresh=True)
+            ds.mount(np.mount)
+            return await self._read(ds, np, offset, length, True)
+
+    async def _read(
+        self, ds: Dataset, np: NsPath, offset: int, length: int, refreshed: bool
+    ) -> bytes:
         last: ShoalError | None = None
         for w in await self.owners(ds, np.key_path):
             for _attempt in range(3):
@@ -266,13 +315,24 @@ class AsyncClient(ControlPlane):
                     self.cache.forget(ds.name, np.key_path)
                 except CorruptData as exc:
                     last = exc
+                except StaleLayout as exc:
+                    if not refreshed:
+                        raise
+                    last = exc  # this worker has not caught up: the next one may have
+                    break
                 except Unavailable as exc:
                     self._mark_suspect(w, exc)
                     last = exc
                     break
-        if isinstance(last, Unavailable | CorruptData) or last is None:
+        if isinstance(last, Unavailable | CorruptData | StaleLayout) or last is None:
             return await self._fallback(ds, np, offset, length, last)
         raise last
+
+    def _layout_moved(self, ds: Dataset) -> bool:
+        """Whether the dataset's page layout changed since ``ds`` was read (a reply in
+        the old layout must not be installed next to the new one)."""
+        hit = self.cache.datasets.get(ds.name)
+        return hit is not None and hit[0].policy.page_size != ds.policy.page_size
 
     async def _read_from(
         self, w: WorkerAddr, ds: Dataset, path: str, offset: int, length: int
@@ -289,8 +349,9 @@ class AsyncClient(ControlPlane):
                 fast = read_located(self.cache, ds, path, offset, length)
                 if fast is not None:
                     return fast
+        ps = ds.policy.page_size
         if local:
-            args = [ds.name, path, version, offset, length, False, LOCATE_AHEAD]
+            args = [ds.name, path, version, offset, length, False, LOCATE_AHEAD, ps, ds.generation]
             resp = await self._call(w, Op.LOCATE, args, True)
             data = self._take_locations(w, ds, path, resp, offset, length)
             if data is not None:
@@ -298,13 +359,17 @@ class AsyncClient(ControlPlane):
                 self.cache.counters.bytes_local += len(data)
                 return data
             version = resp.meta["v"]
-        resp = await self._call(w, Op.READ, [ds.name, path, offset, length, version])
+        resp = await self._call(
+            w, Op.READ, [ds.name, path, offset, length, version, ps, ds.generation]
+        )
         m = resp.meta
+        if self._layout_moved(ds):
+            raise StaleLayout(f"/{ds.name}: the page size changed during the read")
         self.cache.remember(ds.name, FileInfo(path, m["size"], m["v"], m.get("mt", 0.0)))
         view = memoryview(resp.data)
         pos = 0
         for i, (n, ck) in enumerate(m["pages"]):
-            if xxhash.xxh3_64_intdigest(view[pos : pos + n]) != ck:
+            if len(view[pos : pos + n]) != n or xxhash.xxh3_64_intdigest(view[pos : pos + n]) != ck:
                 await self._report_corrupt(w, ds, path, m["v"], m["first"] + i)
             pos += n
         c = self.cache.counters
@@ -314,7 +379,14 @@ class AsyncClient(ControlPlane):
         else:
             c.remote += 1
             c.bytes_remote += len(resp.data)
-        return _slice(resp.data, m, ds.policy.page_size, offset, length)
+        out = _slice(resp.data, m, ps, offset, length)
+        want = _expected_len(m["size"], offset, length)
+        if pos != len(resp.data) or len(out) != want:
+            # a reply that does not cover the range in this layout is never returned
+            raise CorruptData(
+                f"/{ds.name}/{path}: worker {w.id} returned {len(out)} bytes for a range of {want}"
+            )
+        return out
 
     def _take_locations(
         self, w: WorkerAddr, ds: Dataset, path: str, resp: Response, offset: int, length: int
@@ -322,17 +394,23 @@ class AsyncClient(ControlPlane):
         """Install handed-over descriptors and page locations; read the range with pread."""
         m = resp.meta
         c = self.cache
-        c.remember(ds.name, FileInfo(path, m["size"], m["v"], m.get("mt", 0.0)))
         ids = [tuple(x) for x in m.get("fds", [])]
-        if len(resp.fds) != len(ids) or any(p[0] < 0 for p in m["pages"]):
+        moved = self._layout_moved(ds)
+        if moved or len(resp.fds) != len(ids) or any(p[0] < 0 for p in m["pages"]):
             for fd in resp.fds:
                 os.close(fd)
+            if moved:
+                raise StaleLayout(f"/{ds.name}: the page size changed during the read")
+            c.remember(ds.name, FileInfo(path, m["size"], m["v"], m.get("mt", 0.0)))
             return None
+        c.remember(ds.name, FileInfo(path, m["size"], m["v"], m.get("mt", 0.0)))
         for key, fd in zip(ids, resp.fds, strict=True):
             c.add_fd(key, fd)
         first = m["first"]
         for i, (slot, off, n, ck) in enumerate(m["pages"]):
-            c.locs[(ds.name, path, m["v"], first + i)] = PageLoc(ids[slot], off, n, ck, w.id)
+            c.locs[(ds.name, path, m["v"], first + i)] = PageLoc(
+                ids[slot], off, n, ck, w.id, ds.policy.page_size
+            )
         # the worker counted this read when it answered: no touch for it
         return read_located(c, ds, path, offset, length, touch=False)
 
@@ -355,15 +433,16 @@ class AsyncClient(ControlPlane):
 
     async def _locate_dir(self, w: WorkerAddr, ds: Dataset, directory: str | None) -> bool:
         """Install a LOCATE_DIR answer; whether it held every cached file asked for."""
+        ps = ds.policy.page_size
         try:
-            resp = await self._call(w, Op.LOCATE_DIR, [ds.name, directory], True)
-        except (Unavailable, ProtocolError) as exc:
+            resp = await self._call(w, Op.LOCATE_DIR, [ds.name, directory, ps, ds.generation], True)
+        except (Unavailable, ProtocolError, StaleLayout) as exc:
             log.debug("LOCATE_DIR on %s failed: %s", w.id, exc)
             return False
         m = resp.meta
         ids = [tuple(x) for x in m.get("fds", [])]
         c = self.cache
-        if len(resp.fds) != len(ids):
+        if len(resp.fds) != len(ids) or self._layout_moved(ds):
             for fd in resp.fds:
                 os.close(fd)
             return False
@@ -372,13 +451,15 @@ class AsyncClient(ControlPlane):
             keys.append(c.add_fd(key, fd))
         meta, locs, name, wid, now = c.meta, c.locs, ds.name, w.id, time.monotonic()
         for path, v, size, slot, off, n, ck in m["items"]:
+            if n != size or size > ps:
+                continue  # a whole small file, or nothing
             mk = (name, path)
             known = meta.get(mk)
             if known is None:
                 meta.put(mk, (FileInfo(path, size, v), now))
             elif known[0].version != v:
                 continue  # this process already reads another version of it
-            locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid)
+            locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid, ps)
         return bool(m.get("full", True)) and (directory is not None or bool(m["items"]))
 
     async def _report_corrupt(
@@ -407,12 +488,12 @@ class AsyncClient(ControlPlane):
         c = self.cache.counters
         c.ufs_fallback += 1
         log.warning("no worker could serve %s (%s); reading under storage directly", np, cause)
-        if length < 0:
-            info = await ufs.info(np.rel)
-            end = info.size
-        else:
-            end = offset + length
-        data = await ufs.read(np.rel, offset, end)
+        info = await ufs.info(np.rel)
+        end = info.size if length < 0 else min(info.size, offset + length)
+        data = await ufs.read(np.rel, offset, end) if end > offset else b""
+        want = _expected_len(info.size, offset, length)
+        if len(data) != want:
+            raise StaleVersion(f"{np}: under storage returned {len(data)} of {want} bytes")
         c.bytes_ufs += len(data)
         return data
 
@@ -429,8 +510,16 @@ class AsyncClient(ControlPlane):
             if not self.is_local(w):
                 continue
             try:
-                args = [ds.name, np.key_path, None, 0, -1, not load]
-                resp = await self._call(w, Op.LOCATE, args, True)
+                args = [ds.name, np.key_path, None, 0, -1, not load, 0]
+                try:
+                    resp = await self._call(
+                        w, Op.LOCATE, [*args, ds.policy.page_size, ds.generation], True
+                    )
+                except StaleLayout:
+                    ds = await self.dataset(ds.name, refresh=True)
+                    resp = await self._call(
+                        w, Op.LOCATE, [*args, ds.policy.page_size, ds.generation], True
+                    )
             except Unavailable as exc:
                 self._mark_suspect(w, exc)
                 continue
@@ -522,7 +611,9 @@ class AsyncClient(ControlPlane):
         w = self.cache.workers[wid]
         retry: list[str] = []
         try:
-            resp = await self._call(w, Op.BATCH, [ds.name, [np.key_path for _, np in items]])
+            resp = await self._call(
+                w, Op.BATCH, [ds.name, [np.key_path for _, np in items], ds.generation]
+            )
         except Unavailable as exc:
             self._mark_suspect(w, exc)
             retry = [p for p, _ in items]
@@ -533,7 +624,7 @@ class AsyncClient(ControlPlane):
                 if code == "":
                     chunk = view[pos : pos + size]
                     pos += size
-                    if xxhash.xxh3_64_intdigest(chunk) != ck:
+                    if len(chunk) != size or xxhash.xxh3_64_intdigest(chunk) != ck:
                         retry.append(p)
                         continue
                     self.cache.remember(ds.name, FileInfo(kp, size, v))
@@ -558,30 +649,6 @@ class AsyncClient(ControlPlane):
 
         await asyncio.gather(*(one(p) for p in retry))
 
-    # -- short-circuit bookkeeping ------------------------------------------------
-
-    def _flush_touches_maybe(self) -> None:
-        if len(self.cache.touch_log) >= TOUCH_FLUSH:
-            asyncio.get_running_loop().create_task(self.flush_touches())
-
-    async def flush_touches(self) -> None:
-        """Tell workers about hits served from their descriptors (stats and recency)."""
-        log_, self.cache.touch_log = self.cache.touch_log, []
-        touches: dict[str, dict[str, list[list[Any]]]] = {}
-        for wid, dsname, path, version, npages, nbytes in log_:
-            touches.setdefault(wid, {}).setdefault(dsname, []).append(
-                [path, version, npages, nbytes]
-            )
-        for wid, by_ds in touches.items():
-            w = self.cache.workers.get(wid)
-            if w is None:
-                continue
-            for dsname, items in by_ds.items():
-                try:
-                    await self._call(w, Op.TOUCH, [dsname, items])
-                except ShoalError as exc:
-                    log.debug("touch to %s failed: %s", wid, exc)
-
     async def close(self) -> None:
         try:
             await self.flush_touches()
@@ -590,8 +657,9 @@ class AsyncClient(ControlPlane):
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
-        if self._refreshing is not None:
-            self._refreshing.cancel()
+        for task in (self._refreshing, self._ticker):
+            if task is not None:
+                task.cancel()
         if self._http is not None:
             await self._http.close()
         for ufs in self._ufs.values():
@@ -599,13 +667,39 @@ class AsyncClient(ControlPlane):
         self._ufs.clear()
 
     def abandon(self) -> None:
-        """Drop loop-bound resources without touching the loop (after fork)."""
+        """Drop loop-bound resources without touching the loop (after fork): the
+        parent's event loop does not run here, so nothing can be closed through it."""
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
-        self._http = None
+        http, self._http = self._http, None
+        if http is not None:
+            _disown(http)
         self._ufs.clear()
+        # the parent loop's tasks: kept, never destroyed here ("Task was destroyed but it
+        # is pending" otherwise)
+        _DISOWNED.extend(t for t in (self._refreshing, self._ticker) if t is not None)
         self._refreshing = None
+        self._ticker = None
+
+
+#: sessions inherited through fork, kept so that no finalizer ever runs on them
+_DISOWNED: list[Any] = []
+
+
+def _disown(http: Any) -> None:
+    """Forget an aiohttp session that belongs to another process's event loop (the
+    parent's, after fork) without the "Unclosed client session" / "Unclosed connector"
+    noise its finalizers print: its connections are the parent's, so closing them here
+    is not ours to do, and the loop they need does not run in this process."""
+    try:
+        connector = http.connector
+        http.detach()  # the session is closed; the connector is left alone
+    except Exception:  # an aiohttp without these: the worst is a warning at exit
+        return
+    if connector is not None:
+        connector._closed = True  # its finalizer must not close the parent's sockets
+        _DISOWNED.append(connector)
 
 
 def split_path_or_root(path: str) -> NsPath | None:
@@ -613,6 +707,12 @@ def split_path_or_root(path: str) -> NsPath | None:
     if p.strip("/") == "":
         return None
     return split_path(path)
+
+
+def _expected_len(size: int, offset: int, length: int) -> int:
+    """How many bytes a read of [offset, offset+length) of a file of ``size`` returns."""
+    end = size if length < 0 else min(size, offset + length)
+    return max(0, end - offset)
 
 
 def _slice(data: bytes, meta: dict[str, Any], page_size: int, offset: int, length: int) -> bytes:

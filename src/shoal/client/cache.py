@@ -40,6 +40,9 @@ class PageLoc:
     checksum: int
     #: the worker that handed the descriptor over (hits are reported to it)
     worker: str
+    #: the page layout it was located in: a reader slicing with another page size
+    #: (the dataset's policy changed meanwhile) must not use it
+    page_size: int
 
 
 LocKey = tuple[str, str, str, int]  # dataset, path, version, page index
@@ -106,12 +109,21 @@ class ClientCache:
     dirs_located: dict[tuple[str, str, str | None], float] = field(default_factory=dict)
     #: (worker, dataset) -> how many directories this process asked it to locate
     dir_asks: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: located pages whose checksum this process has checked
-    verified: set[LocKey] = field(default_factory=set)
+    #: located pages this process checked whole for a partial read -> the data file's
+    #: ctime then (see shoal.client.local)
+    verified: dict[LocKey, int] = field(default_factory=dict)
+    #: located pages that failed their checksum, not yet reported: (worker, key)
+    bad_pages: list[tuple[str, LocKey]] = field(default_factory=list)
     counters: Counters = field(default_factory=Counters)
     max_fds: int = 512
     #: dataset -> (manifest id, manifest)
     manifests: dict[str, tuple[str, Manifest]] = field(default_factory=dict)
+    #: monotonic time of the last refresh of the dataset definitions (tried, at least);
+    #: past ``refresh_every`` the short circuit stands aside until the next one
+    checked_at: float = 0.0
+    refresh_every: float = 10.0
+    #: monotonic time of the last flush of ``touch_log``
+    touched_at: float = 0.0
 
     def info(self, ds: Dataset, path: str) -> FileInfo | None:
         hit = self.meta.get((ds.name, path))
@@ -140,7 +152,11 @@ class ClientCache:
             self.meta.pop(k, None)
         for k in [k for k in self.locs if k[0] == ds]:
             self.locs.pop(k, None)
-            self.verified.discard(k)
+            self.verified.pop(k, None)
+        for d in [d for d in self.dirs_located if d[1] == ds]:
+            self.dirs_located.pop(d, None)
+        for a in [a for a in self.dir_asks if a[1] == ds]:
+            self.dir_asks.pop(a, None)
 
     def add_fd(self, key: tuple[int, int], fd: int) -> tuple[int, int]:
         """Keep a handed-over descriptor (closing it if one of that file is held)."""

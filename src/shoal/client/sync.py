@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+import weakref
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
 from shoal.client.aio import AsyncClient
 from shoal.client.cache import FORKS, ClientCache
-from shoal.client.local import TOUCH_FLUSH, read_located
+from shoal.client.local import read_located, touches_due
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import Dataset, FileInfo, Mount
 from shoal.errors import ShoalError
@@ -73,6 +75,13 @@ class Client:
                 t = threading.Thread(target=loop.run_forever, name="shoal-client", daemon=True)
                 t.start()
                 self._loop, self._thread = loop, t
+                # close at process exit: sends buffered hits and closes the sessions
+                # before the interpreter tears them down ("Unclosed client session").
+                # multiprocessing's exit hook runs at interpreter exit and also at the
+                # end of a forked DataLoader worker, which never runs atexit handlers
+                from multiprocessing import util
+
+                util.Finalize(self, _close_at_exit, args=(weakref.ref(self),), exitpriority=10)
             return self._loop
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -93,6 +102,21 @@ class Client:
             thread.join(timeout=10)
             loop.close()
             self._loop = self._thread = None
+
+    def close_quietly(self, timeout: float = 5.0) -> None:
+        """Close at interpreter exit: bounded, and never raising."""
+        loop, thread = self._loop, self._thread
+        if self._gen != FORKS[0] or loop is None or thread is None or not thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=timeout)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=timeout)
+            if not thread.is_alive():
+                loop.close()
+            self._loop = self._thread = None
+        except Exception:  # exiting anyway: nothing to report to
+            pass
 
     async def _shutdown(self) -> None:
         await self._aio.close()
@@ -119,7 +143,8 @@ class Client:
         if hit is None or "/" not in key:
             return None
         data = read_located(self.cache, hit[0], key, offset, length)
-        if data is not None and len(self.cache.touch_log) >= TOUCH_FLUSH and self._loop is not None:
+        if data is not None and touches_due(self.cache) and self._loop is not None:
+            self.cache.touched_at = time.monotonic()
             asyncio.run_coroutine_threadsafe(self._aio.flush_touches(), self._loop)
         return data
 
@@ -144,6 +169,13 @@ class Client:
     def open_local(self, path: str, load: bool = True) -> tuple[int, FileInfo] | None:
         """See AsyncClient.open_local: a descriptor of the whole file on a local worker."""
         return self._run(self._aio.open_local(path, load))
+
+    def note_local_read(self, path: str, nbytes: int) -> None:
+        """See AsyncClient.note_local_read: count bytes a front-end served from a local
+        worker's file itself (batched; no I/O here)."""
+        if self._gen != FORKS[0]:
+            self._after_fork()
+        self._aio.note_local_read(path, nbytes)
 
     def flush(self) -> None:
         """Report short-circuit hits to their workers now."""
@@ -188,3 +220,9 @@ class Client:
 
     def counters(self) -> dict[str, int]:
         return self.cache.counters.to_dict()
+
+
+def _close_at_exit(ref: weakref.ref[Client]) -> None:
+    client = ref()
+    if client is not None:
+        client.close_quietly()

@@ -245,6 +245,8 @@ class MasterService:
                 }
                 for wid in ring.members
             ],
+            # lets a client skip fetching the datasets when none changed
+            "datasets_generation": self.state.datasets_generation,
         }
 
     def report(self) -> ReportResponse:

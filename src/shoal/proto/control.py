@@ -196,6 +196,7 @@ class RingResponse(TypedDict):
     epoch: int
     vnodes: int
     workers: list[RingWorker]
+    datasets_generation: int
 
 
 def ring_from_response(body: RingResponse) -> Ring:

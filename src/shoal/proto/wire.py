@@ -24,26 +24,35 @@ Ops and their arguments / response meta:
 op         request args                                response meta (data)
 =========  ==========================================  =========================================
 HELLO      [version]                                   {version, worker, node, epoch}
-STAT       [dataset, path]                             FileInfo wire list
-LIST       [dataset, path]                             [FileInfo wire list, ...]
-READ       [dataset, path, offset, length, version]    {v, size, first, pages: [[len, ck]...]}
+STAT       [dataset, path, generation]                 FileInfo wire list
+LIST       [dataset, path, generation]                 [FileInfo wire list, ...]
+READ       [dataset, path, offset, length, version,    {v, size, first, pages: [[len, ck]...]}
+           page_size, generation]
                                                        (the whole pages covering the range)
-BATCH      [dataset, [path, ...]]                      {items: [[path, code, v, size, ck]...]}
+BATCH      [dataset, [path, ...], generation]          {items: [[path, code, v, size, ck]...]}
                                                        (the small files, concatenated)
 LOCATE     [dataset, path, version, offset, length,    {v, size, first, pages:
-           cached_only, ahead]
+           cached_only, ahead, page_size, generation]
                                                        [[fd_slot, offset, len, ck]...],
                                                        fds: [[dev, ino], ...]} + SCM_RIGHTS
 TOUCH      [dataset, [[path, v, pages, bytes]...]]     {} (hits served by short circuit)
 DROP       [dataset, path, version, index]             {} (a reader saw a bad checksum)
-LOCATE_DIR [dataset, directory]                        {items: [[path, v, size, fd_slot,
-                                                       offset, len, ck]...], fds, full}
+LOCATE_DIR [dataset, directory, page_size,             {items: [[path, v, size, fd_slot,
+           generation]                                 offset, len, ck]...], fds, full}
                                                        + SCM_RIGHTS (cached small files of a
                                                        directory; directory None: of the whole
                                                        dataset, if it is small enough)
 =========  ==========================================  =========================================
 
 ``version`` None means "whatever the worker holds within the dataset's staleness bound".
+``page_size`` is the page layout the reader slices the answer with (0 or absent: not
+checked); a worker that serves the dataset with another page size (its policy changed)
+first refreshes its definitions, then answers the error ``stale_layout``
+(:class:`~shoal.errors.StaleLayout`) and the reader refreshes its own and retries, so a
+reader never mixes two layouts. ``generation`` is the dataset generation the reader
+knows (absent: not checked); a worker that knows an older one (a sync or policy change
+it has not heard of yet) refreshes its definitions before it answers, so a reader that
+saw a sync is never answered from the old manifest.
 Paths are '<mount>/<relative path>' inside the dataset.
 """
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno as _errno
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -42,14 +43,11 @@ from shoal.errors import (
     StaleVersion,
 )
 
-try:  # s3 is an optional extra
-    from botocore import exceptions as _bce
-except ImportError:  # pragma: no cover - exercised only without the s3 extra
-    _bce = None
-try:  # requests comes with webhdfs users
-    import requests as _requests
-except ImportError:  # pragma: no cover
-    _requests = None  # type: ignore[assignment]
+# botocore's and requests' exceptions are looked up only in modules already imported:
+# an exception of theirs can exist only once someone imported them, and importing them
+# here would cost every client process ~0.1-0.2 s before its first byte.
+_BOTO_EXC = "botocore.exceptions"
+_REQUESTS = "requests"
 
 log = logging.getLogger("shoal.ufs.errors")
 
@@ -102,15 +100,15 @@ _RETRY_ERRNOS = frozenset(
 )
 
 
-def _backend_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [OSError, aiohttp.ClientError, asyncio.TimeoutError]
-    if _bce is not None:
-        types += [_bce.BotoCoreError, _bce.ClientError]
-    return tuple(types)
+_BASE_TYPES: tuple[type[BaseException], ...] = (OSError, aiohttp.ClientError, asyncio.TimeoutError)
 
 
-#: exception types that are translated; everything else is a bug and propagates
-BACKEND_ERRORS: tuple[type[BaseException], ...] = _backend_types()
+def backend_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that are translated; everything else is a bug and propagates."""
+    _bce: Any = sys.modules.get(_BOTO_EXC)
+    if _bce is None:
+        return _BASE_TYPES
+    return (*_BASE_TYPES, _bce.BotoCoreError, _bce.ClientError)
 
 
 def _by_status(status: int) -> type[ShoalError] | None:
@@ -127,6 +125,7 @@ def _by_status(status: int) -> type[ShoalError] | None:
 
 def _classify_one(exc: BaseException) -> tuple[type[ShoalError], str] | None:
     """(class, short reason) for exceptions that carry enough to decide, else None."""
+    _bce: Any = sys.modules.get(_BOTO_EXC)
     if _bce is not None:
         if isinstance(exc, _bce.ClientError):
             err = exc.response.get("Error", {}) or {}
@@ -161,6 +160,7 @@ def _classify_one(exc: BaseException) -> tuple[type[ShoalError], str] | None:
             if type(exc).__name__ == "ResponseParserError":  # throttling sends bad XML
                 return RetryableStoreError, type(exc).__name__
             return FatalStoreError, type(exc).__name__
+    _requests: Any = sys.modules.get(_REQUESTS)
     if _requests is not None and isinstance(exc, _requests.RequestException):
         resp = exc.response
         if resp is not None:
@@ -267,7 +267,7 @@ async def call_with_retry(
 ) -> T:
     """Run ``op`` (a fresh awaitable per attempt), translating backend errors and
     retrying RetryableStoreError only. ``extra`` adds driver-specific backend types."""
-    catch = BACKEND_ERRORS + extra
+    catch = backend_errors() + extra
 
     async def attempt() -> T:
         try:

@@ -4,6 +4,12 @@ parallelism, and readahead for sequential readers.
 
 A read is always of one file *version*: pages are keyed by it and ranged fetches are
 conditioned on it, so a reader can never get a mix of two versions.
+
+A read is also always of one page *layout* (the dataset's page size). A page size change
+keeps what is cached: a small file is stored whole, the same in every layout where it is
+small, and stays valid; a stored page of another geometry (a large file cached under the
+old page size) is a miss here (``fits``) and is replaced when the file is fetched again,
+so the old layout simply ages out and nothing is refetched up front.
 """
 
 from __future__ import annotations
@@ -12,13 +18,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shoal.core.manifest import Manifest
 from shoal.core.paging import is_small, page_count, page_len, pages_for_range
 from shoal.core.singleflight import SingleFlight
-from shoal.core.types import NEVER, Dataset, FileInfo, FileKey
-from shoal.errors import CorruptData, IsADirectory, StaleVersion
+from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
+from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion
 from shoal.store.base import Location, PageStore, PutMeta
 from shoal.worker.datasets import DatasetTable
 
@@ -26,6 +32,15 @@ log = logging.getLogger("shoal.worker.loader")
 
 #: a page as served: where it lies in the store, or its bytes when it could not be stored
 Piece = Location | bytes
+
+
+def fits(loc: Location, size: int, page_size: int, index: int) -> bool:
+    """Whether a stored page is page ``index`` of a ``size``-byte file in the layout of
+    ``page_size``: its length, and for a large file's data file its offset, match (a
+    page stored under another page size never does)."""
+    if loc.length != page_len(size, page_size, index):
+        return False
+    return index == 0 or loc.offset == index * page_size
 
 
 @dataclass(slots=True)
@@ -198,7 +213,7 @@ class Loader:
             self._remember(ds, path, info)
             key = FileKey(ds.name, path, info.version).page(0)
             if len(data) == page_len(info.size, ds.policy.page_size, 0):
-                self.store.put(key, data, self._put_meta(ds, info))
+                self._put(ds, info, key, data)
                 return info, data
             return info, None
 
@@ -222,6 +237,19 @@ class Loader:
             eviction=p.eviction,
         )
 
+    def _put(self, ds: Dataset, info: FileInfo, key: PageKey, data: bytes) -> None:
+        if (
+            ds.name in self.table
+            and self.table.get(ds.name).policy.page_size != ds.policy.page_size
+        ):
+            return  # fetched for the layout before a page-size change: serve, do not keep
+        old = self.store.peek(key)
+        if old is not None and not fits(old, info.size, ds.policy.page_size, key.index):
+            # cached under another page size: that version's old layout goes now (the
+            # store would otherwise take the old page for this one)
+            self.store.delete(key.file)
+        self.store.put(key, data, self._put_meta(ds, info))
+
     def try_cached(
         self, dataset: str, path: str, version: str | None, offset: int, length: int
     ) -> Pages | None:
@@ -230,15 +258,27 @@ class Loader:
         info = self.cached_info(ds, path) or self.manifest_info(ds, path)
         if info is None or (version is not None and info.version != version):
             return None
-        rng = pages_for_range(info.size, ds.policy.page_size, offset, length)
+        ps = ds.policy.page_size
+        rng = pages_for_range(info.size, ps, offset, length)
         fk = FileKey(ds.name, path, info.version)
         pieces: list[Piece] = []
         for i in rng:
             loc = self.store.locate(fk.page(i))
-            if loc is None:
+            if loc is None or not fits(loc, info.size, ps, i):
                 return None
             pieces.append(loc)
         return Pages(info, rng.start, pieces)
+
+    def located(
+        self, ds: Dataset, info: FileInfo, index: int, peek: bool = False
+    ) -> Location | None:
+        """Where page ``index`` of this version is stored in the dataset's current layout;
+        None on a miss or when what is stored has another geometry."""
+        key = FileKey(ds.name, info.path, info.version).page(index)
+        loc = self.store.peek(key) if peek else self.store.locate(key)
+        if loc is None or not fits(loc, info.size, ds.policy.page_size, index):
+            return None
+        return loc
 
     async def read(
         self, dataset: str, path: str, version: str | None, offset: int, length: int
@@ -247,8 +287,7 @@ class Loader:
         info, page0 = await self.resolve(ds, path, version)
         ps = ds.policy.page_size
         rng = pages_for_range(info.size, ps, offset, length)
-        fk = FileKey(ds.name, path, info.version)
-        pieces: list[Piece | None] = [self.store.locate(fk.page(i)) for i in rng]
+        pieces: list[Piece | None] = [self.located(ds, info, i) for i in rng]
         ufs_bytes = 0
         if page0 is not None and 0 in rng:
             ufs_bytes += len(page0)
@@ -269,7 +308,7 @@ class Loader:
         key = FileKey(ds.name, info.path, info.version).page(index)
 
         async def fetch() -> Piece:
-            loc = self.store.locate(key)
+            loc = self.located(ds, info, index)
             if loc is not None:
                 return loc
             _, ufs, rel = self.table.resolve(ds.name, info.path)
@@ -289,10 +328,12 @@ class Loader:
                     self._dead.add((ds.name, info.path, info.version))
                     self.dead_changes += 1
                     raise
-            self.store.put(key, data, self._put_meta(ds, info))
-            return self.store.locate(key) or data
+            self._put(ds, info, key, data)
+            return self.located(ds, info, index) or data
 
-        return await self._pages.do(key, fetch)
+        # one fetch per page *of a layout*: a fetch begun under the old page size must
+        # not answer a reader of the new one
+        return await self._pages.do((key, ds.policy.page_size), fetch)
 
     async def load(
         self, dataset: str, path: str, size: int, version: str, verify: bool
@@ -304,11 +345,14 @@ class Loader:
         fk = FileKey(ds.name, path, version)
         ps = ds.policy.page_size
         n = page_count(size, ps)
-        missing = [i for i in range(n) if not self.store.contains(fk.page(i))]
+        missing = [i for i in range(n) if self.located(ds, info, i, peek=True) is None]
         if (ds.name, path) not in self._meta or self.cached_info(ds, path) != info:
             self._remember(ds, path, info)
         if missing:
             await asyncio.gather(*(self._page(ds, info, i) for i in missing))
+            if not all(self.store.contains(fk.page(i)) for i in missing):
+                # fetched but not kept (the store refused the put): not loaded
+                raise ShoalError(f"not cached: {self.store.refusal() or 'cache full'}")
         if verify:
             for i in range(n):
                 if self.store.get(fk.page(i)) is None:
@@ -330,7 +374,8 @@ class Loader:
         total = page_count(info.size, ds.policy.page_size)
         fk = FileKey(ds.name, info.path, info.version)
         for i in range(rng.stop, min(total, rng.stop + ahead)):
-            if fk.page(i) in self._pages or self.store.contains(fk.page(i)):
+            inflight = (fk.page(i), ds.policy.page_size) in self._pages
+            if inflight or self.located(ds, info, i, peek=True) is not None:
                 continue
             task = asyncio.get_running_loop().create_task(self._prefetch(ds, info, i))
             self._background.add(task)
@@ -350,4 +395,4 @@ class Loader:
 
 def _rebase(info: FileInfo, path: str) -> FileInfo:
     """Under-storage paths are mount-relative; keys use '<mount>/<rel>'."""
-    return FileInfo(path, info.size, info.version, info.mtime, info.is_dir)
+    return replace(info, path=path)  # keeps mtime_ns and link

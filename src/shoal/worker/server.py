@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +23,18 @@ import xxhash
 
 from shoal.core.paging import page_count
 from shoal.core.types import NEVER, FileKey
-from shoal.errors import DatasetNotFound, InvalidArgument, ProtocolError, ShoalError
+from shoal.errors import (
+    DatasetNotFound,
+    InvalidArgument,
+    ProtocolError,
+    ShoalError,
+    StaleLayout,
+)
 from shoal.proto import wire
 from shoal.proto.wire import Op, Status
 from shoal.store.base import Location
 from shoal.worker.handover import DirAnswers, Handover
-from shoal.worker.loader import Loader, Pages, Piece
+from shoal.worker.loader import Loader, Pages, Piece, fits
 from shoal.worker.stats import Stats
 
 log = logging.getLogger("shoal.worker.server")
@@ -58,6 +65,25 @@ def _ahead(args: list[Any]) -> int:
     return int(args[6]) if len(args) > 6 and args[6] else 0
 
 
+#: where each op that reads pages carries the page size (layout) the reader assumes
+_LAYOUT_ARG = {Op.READ: 5, Op.LOCATE: 7, Op.LOCATE_DIR: 2}
+#: where ops carry the dataset generation the reader knows (a worker behind it catches up)
+_GEN_ARG = {
+    Op.READ: 6,
+    Op.LOCATE: 8,
+    Op.LOCATE_DIR: 3,
+    Op.BATCH: 2,
+    Op.STAT: 2,
+    Op.LIST: 2,
+}
+#: tries (REFRESH_PAUSE apart) to catch up with a reader's newer definitions
+_CATCH_UP_TRIES = 3
+_REFRESH_PAUSE = 0.2
+_GIVE_UP_FOR = 2.0
+#: pages one TOUCH item may bump (bounds the work of one frame)
+_TOUCH_PAGES_MAX = 4096
+
+
 class DataService:
     """What the data path can do; connection handling lives in :class:`Conn`."""
 
@@ -70,6 +96,8 @@ class DataService:
         #: asks the master for dataset definitions; True if anything changed
         self.refresh_datasets: Callable[[], Awaitable[bool]] | None = None
         self.dirs = DirAnswers(self._locations_stamp)
+        #: dataset -> when catching up with a reader's definitions last failed
+        self._gave_up: dict[str, float] = {}
 
     def _locations_stamp(self) -> tuple[int, int] | None:
         changes = self.loader.store.changes()
@@ -83,7 +111,54 @@ class DataService:
         except DatasetNotFound:
             return None  # maybe created a moment ago: the slow path asks the master
 
+    def _layout_ok(self, op: Op, args: list[Any]) -> bool:
+        """Whether the reader's page size (when it sends one) is the one served here: a
+        reader must never slice this layout's pages with another page size."""
+        i = _LAYOUT_ARG.get(op)
+        if i is None or len(args) <= i or not args[i]:
+            return True
+        return int(args[i]) == self.loader.table.get(args[0]).policy.page_size
+
+    def _current(self, op: Op, args: list[Any]) -> bool:
+        """Whether this worker knows the dataset at least at the reader's generation (a
+        reader that saw a sync must not be answered from the old manifest: under
+        "never revalidate" it would keep the old version until the next change)."""
+        i = _GEN_ARG.get(op)
+        if i is None or len(args) <= i or not args[i]:
+            return True
+        return int(args[i]) <= self.loader.table.get(args[0]).generation
+
+    async def _catch_up(self, op: Op, args: list[Any]) -> None:
+        """Refresh the definitions from the master while the reader knows newer ones
+        (bounded: with the master away, or a reader that knows a dataset deleted and
+        created again since, the worker answers with what it has and does not try again
+        for that dataset for _GIVE_UP_FOR seconds)."""
+        if self.refresh_datasets is None or (self._current(op, args) and self._layout_ok(op, args)):
+            return
+        name = str(args[0])
+        now = time.monotonic()
+        if now - self._gave_up.get(name, -_GIVE_UP_FOR) < _GIVE_UP_FOR:
+            return
+        for attempt in range(_CATCH_UP_TRIES):
+            if attempt:
+                await asyncio.sleep(_REFRESH_PAUSE)  # refreshes are rate limited
+            await self.refresh_datasets()
+            if self._current(op, args) and self._layout_ok(op, args):
+                return
+        self._gave_up[name] = time.monotonic()
+
+    async def _check_layout(self, op: Op, args: list[Any]) -> None:
+        await self._catch_up(op, args)
+        if not self._layout_ok(op, args):
+            i = _LAYOUT_ARG[op]
+            have = self.loader.table.get(args[0]).policy.page_size
+            raise StaleLayout(
+                f"dataset {args[0]!r} is served with page size {have}, not {int(args[i])}"
+            )
+
     def _try_fast(self, op: Op, args: list[Any], local: bool) -> Reply | None:
+        if not (self._layout_ok(op, args) and self._current(op, args)):
+            return None  # the slow path catches up, or answers StaleLayout
         if op == Op.READ:
             pages = self.loader.try_cached(args[0], args[1], args[4], args[2], args[3])
             return None if pages is None else self._read_reply(args[0], pages, local)
@@ -120,6 +195,9 @@ class DataService:
             return await self._handle(op, args, local)
 
     async def _handle(self, op: Op, args: list[Any], local: bool) -> Reply:
+        await self._check_layout(op, args)
+        if op == Op.LOCATE_DIR:
+            return self._locate_dir(args[0], args[1])
         if op == Op.READ:
             pages = await self.loader.read(args[0], args[1], args[4], args[2], args[3])
             return self._read_reply(args[0], pages, local)
@@ -156,11 +234,12 @@ class DataService:
         out: list[list[int]] = []
         pieces: list[Piece] = list(pages.pieces)
         if ahead > 0 and pieces:
-            ps = self.loader.table.get(dataset).policy.page_size
-            fk = FileKey(dataset, pages.info.path, pages.info.version)
+            ds = self.loader.table.get(dataset)
+            ps = ds.policy.page_size
             last = min(page_count(pages.info.size, ps), pages.first + len(pieces) + ahead // ps)
             for i in range(pages.first + len(pieces), last):
-                loc = self.loader.store.peek(fk.page(i))  # the client reports what it reads
+                # peek: the client reports what it reads
+                loc = self.loader.located(ds, pages.info, i, peek=True)
                 if loc is None:
                     break
                 pieces.append(loc)
@@ -215,7 +294,7 @@ class DataService:
                 if info is None or info.version != fk.version or info.size > ds.policy.page_size:
                     continue
                 loc = store.peek(fk.page(0))  # the client reports its reads later
-                if loc is None:
+                if loc is None or not fits(loc, info.size, ds.policy.page_size, 0):
                     continue
                 slot = h.slot(loc.path)
                 if slot is None:
@@ -235,12 +314,16 @@ class DataService:
 
     def _touch(self, dataset: str, items: list[list[Any]]) -> Reply:
         files = nbytes = 0
+        budget = _TOUCH_PAGES_MAX * 4
         for path, version, npages, size in items:
             fk = FileKey(dataset, path, version)
-            for i in range(int(npages)):
-                self.loader.store.touch(fk.page(i))  # bumps recency
+            n = min(int(npages), _TOUCH_PAGES_MAX, budget)
+            budget -= n
+            for i in range(n):
+                if not self.loader.store.touch(fk.page(i)):  # bumps recency
+                    break
             files += 1
-            nbytes += int(size)
+            nbytes += max(0, int(size))
         self.stats.touched(dataset, files, nbytes)
         return Reply({})
 

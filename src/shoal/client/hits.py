@@ -1,0 +1,115 @@
+"""Bookkeeping of reads the workers did not serve themselves: short-circuit hits and
+a front-end's own local reads (FUSE passthrough), reported to their workers in batches
+(``TOUCH``) off the read path so that ``shoal report`` counts every read once, and
+pages that failed their checksum here, reported (``DROP``) so the worker refetches them.
+
+Base of :class:`~shoal.client.aio.AsyncClient`, which provides ``_call``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from shoal.client.cache import WorkerAddr
+from shoal.client.conn import Response
+from shoal.client.control import ControlPlane
+from shoal.client.local import touches_due
+from shoal.core.types import Dataset
+from shoal.errors import ShoalError
+from shoal.proto.wire import Op
+
+log = logging.getLogger("shoal.client")
+
+#: owners tried beyond the dataset's replicas before falling back to under storage
+EXTRA_OWNERS = 2
+
+
+class HitBook(ControlPlane):
+    async def _call(
+        self, w: WorkerAddr, op: Op, args: list[Any], want_fds: bool = False
+    ) -> Response:
+        raise NotImplementedError  # the data path's connections
+
+    def is_local(self, w: WorkerAddr) -> bool:
+        return self.settings.short_circuit and bool(w.uds) and w.node == self.settings.node
+
+    def _flush_touches_maybe(self) -> None:
+        if touches_due(self.cache):
+            self.cache.touched_at = time.monotonic()
+            asyncio.get_running_loop().create_task(self.flush_touches())
+
+    def note_local_read(self, path: str, nbytes: int) -> None:
+        """Count ``nbytes`` of ``path`` as a local cache hit that this client did not
+        serve itself (a FUSE passthrough read: the kernel read the worker's data file).
+        Cheap and batched like short-circuit hits: no I/O here, any thread; sent with
+        the next flush of hits. Paths that name no known dataset are ignored."""
+        if nbytes <= 0:
+            return
+        p = path[8:] if path.startswith("shoal://") else path
+        name, _, key = p.lstrip("/").partition("/")
+        c = self.cache
+        hit = c.datasets.get(name)
+        if hit is None or "/" not in key:
+            return
+        ds = hit[0]
+        known = c.meta.get((name, key))
+        version = known[0].version if known is not None else ""
+        wid = self._local_owner(ds, key)
+        if wid is None:
+            return
+        c.counters.short_circuit += 1
+        c.counters.bytes_short_circuit += nbytes
+        c.touch_log.append((wid, name, key, version, 1 if version else 0, nbytes))
+
+    def _local_owner(self, ds: Dataset, key: str) -> str | None:
+        """The worker on this host that serves ``key``: its first local ring owner, else
+        any worker on this host; None if none is known."""
+        c = self.cache
+        ring = c.ring
+        if ring is not None:
+            for wid in ring.owners(f"{ds.name}/{key}", ds.policy.replicas + EXTRA_OWNERS):
+                w = c.workers.get(wid)
+                if w is not None and self.is_local(w):
+                    return wid
+        for w in c.workers.values():
+            if w.node == self.settings.node and w.uds:
+                return w.id
+        return None
+
+    async def _report_bad_pages(self) -> None:
+        """Tell workers about located pages that failed their checksum here, so that they
+        drop and refetch them before this read asks again."""
+        bad, self.cache.bad_pages = self.cache.bad_pages, []
+        for wid, (dsname, path, version, index) in bad:
+            w = self.cache.workers.get(wid)
+            if w is None:
+                continue
+            log.warning(
+                "bad checksum on /%s/%s page %d from %s; refetching", dsname, path, index, wid
+            )
+            try:
+                await self._call(w, Op.DROP, [dsname, path, version, index])
+            except ShoalError as exc:
+                log.debug("could not report corrupt page: %s", exc)
+
+    async def flush_touches(self) -> None:
+        """Tell workers about hits served from their descriptors (stats and recency)."""
+        self.cache.touched_at = time.monotonic()
+        log_, self.cache.touch_log = self.cache.touch_log, []
+        touches: dict[str, dict[str, list[list[Any]]]] = {}
+        for wid, dsname, path, version, npages, nbytes in log_:
+            touches.setdefault(wid, {}).setdefault(dsname, []).append(
+                [path, version, npages, nbytes]
+            )
+        for wid, by_ds in touches.items():
+            w = self.cache.workers.get(wid)
+            if w is None:
+                continue
+            for dsname, items in by_ds.items():
+                try:
+                    await self._call(w, Op.TOUCH, [dsname, items])
+                except ShoalError as exc:
+                    log.debug("touch to %s failed: %s", wid, exc)

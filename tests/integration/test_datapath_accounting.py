@@ -1,0 +1,160 @@
+"""Every read is accounted once in ``shoal report``, whatever served it (short circuit,
+local socket, TCP, batch, fsspec, a front-end's own local reads), and clients leave no
+"Unclosed client session" noise at exit, DataLoader workers included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from shoal.testing.cluster import TestCluster, sample_files
+from shoal.testing.s3 import MotoServer, make_bucket
+
+pytestmark = pytest.mark.integration
+
+N = 24
+PASSES = 3
+
+
+def _seed(moto: MotoServer, cluster: TestCluster, bucket: str, name: str) -> dict[str, bytes]:
+    files = sample_files(N, 1000, 40_000, seed=len(name))
+    make_bucket(moto.endpoint, bucket, files)
+    cluster.s3_dataset(bucket, moto.endpoint, name=name)
+    return {f"/{name}/data/{k}": v for k, v in files.items()}
+
+
+def _report(cluster: TestCluster, name: str, reads: int, timeout: float = 20) -> dict[str, Any]:
+    """The dataset's report once it counts ``reads`` reads (hits + misses)."""
+    deadline = time.monotonic() + timeout
+    with cluster.client() as c:
+        while True:
+            d = next(x for x in c.report()["datasets"] if x["name"] == name)
+            if d["hits"] + d["misses"] >= reads or time.monotonic() > deadline:
+                return d
+            time.sleep(0.1)
+
+
+def _check(d: dict[str, Any], files: dict[str, bytes], local: bool) -> None:
+    total = sum(len(v) for v in files.values())
+    assert (d["misses"], d["hits"]) == (N, N * (PASSES - 1)), d
+    src = d["bytes_by_source"]
+    assert src["ufs"] == total, d
+    served = (src["local"], src["remote"])
+    assert served == ((total * (PASSES - 1), 0) if local else (0, total * (PASSES - 1))), d
+    assert d["hit_ratio"] == pytest.approx((PASSES - 1) / PASSES), d
+
+
+def test_short_circuit_reads_are_accounted(
+    moto: MotoServer, module_cluster: TestCluster, bucket: str
+) -> None:
+    files = _seed(moto, module_cluster, bucket, "acc-read")
+    with module_cluster.client() as c:
+        for _ in range(PASSES):
+            for p, v in files.items():
+                assert c.read(p) == v
+        assert c.counters()["short_circuit"] >= N  # most warm reads were a pread here
+        # reported in batches, by time too: no close, no 4096 reads needed
+        _check(_report(module_cluster, "acc-read", N * PASSES), files, local=True)
+
+
+def test_tcp_and_batched_reads_are_accounted(
+    moto: MotoServer, module_cluster: TestCluster, bucket: str
+) -> None:
+    files = _seed(moto, module_cluster, bucket, "acc-batch")
+    with module_cluster.client(short_circuit=False) as c:
+        for _ in range(PASSES):
+            got = c.cat_many(list(files))
+            assert got == files
+    _check(_report(module_cluster, "acc-batch", N * PASSES), files, local=False)
+
+
+def test_fsspec_reads_are_accounted(
+    moto: MotoServer, module_cluster: TestCluster, bucket: str
+) -> None:
+    files = _seed(moto, module_cluster, bucket, "acc-fsspec")
+    fs = fsspec.filesystem("shoal", master=module_cluster.master_url, skip_instance_cache=True)
+    for _ in range(PASSES):
+        for p, v in files.items():
+            assert fs.cat_file(p.lstrip("/")) == v
+    _check(_report(module_cluster, "acc-fsspec", N * PASSES), files, local=True)
+
+
+def test_note_local_read_counts_a_local_hit(
+    moto: MotoServer, module_cluster: TestCluster, bucket: str
+) -> None:
+    files = _seed(moto, module_cluster, bucket, "acc-note")
+    path = next(iter(files))
+    with module_cluster.client() as c:
+        assert c.read(path) == files[path]  # one miss
+        for _ in range(5):  # what a FUSE passthrough read would report
+            c.aio.note_local_read(path, 1000)
+        c.aio.note_local_read("/no-such-dataset/data/x", 10)  # ignored, no error
+        d = _report(module_cluster, "acc-note", 6)
+    assert (d["misses"], d["hits"]) == (1, 5), d
+    assert d["bytes_by_source"]["local"] == 5000, d
+
+
+# -- 11.9: no "Unclosed client session" at exit ------------------------------------------
+
+_DATALOADER = textwrap.dedent(
+    """
+    import sys
+
+    from torch.utils.data import DataLoader
+
+    from shoal.torch import ShoalMapDataset, ShoalSampler
+
+    ds = ShoalMapDataset(sys.argv[1], master=sys.argv[2], prefetch=8)
+    sampler = ShoalSampler(ds, shuffle=True, seed=0)
+    loader = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=list)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        assert sum(len(b) for b in loader) == len(ds)
+    print("ok", len(ds))
+    """
+)
+
+
+def test_dataloader_processes_exit_without_unclosed_session_noise(
+    moto: MotoServer, module_cluster: TestCluster, bucket: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    _seed(moto, module_cluster, bucket, "acc-dl")
+    script = tmp_path / "loader.py"
+    script.write_text(_DATALOADER)
+    r = subprocess.run(
+        [sys.executable, str(script), "/acc-dl/data", module_cluster.master_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONWARNINGS="default", **module_cluster.env),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"ok {N}", r.stdout
+    assert "Unclosed" not in r.stderr, r.stderr
+    assert "destroyed but it is pending" not in r.stderr, r.stderr
+
+
+def test_a_client_left_open_exits_quietly(module_cluster: TestCluster, tmp_path: Path) -> None:
+    script = tmp_path / "open.py"
+    script.write_text(
+        "import sys\nfrom shoal.client import Client\n"
+        "c = Client(sys.argv[1])\nprint(len(c.datasets()))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, str(script), module_cluster.master_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONWARNINGS="default"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Unclosed" not in r.stderr, r.stderr
