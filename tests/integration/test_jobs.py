@@ -288,8 +288,13 @@ def test_job_stop_and_resume_and_bad_input(
             time.sleep(0.02)
         stopped = cl.stop_job(job["id"])
         assert stopped["state"] == "stopped"
-        time.sleep(1.0)
+        # tasks in flight when the stop came still send their final counts: wait until
+        # none runs, then nothing may move
+        deadline = time.monotonic() + 30
+        while cl.job(job["id"])["tasks"].get("running", 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
         paused = cl.job(job["id"])
+        assert not paused["tasks"].get("running", 0), paused["tasks"]
         time.sleep(1.0)
         assert cl.job(job["id"])["files_done"] == paused["files_done"]  # nothing moves
         cl.resume_job(job["id"])

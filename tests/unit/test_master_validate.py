@@ -115,3 +115,88 @@ def test_parse_heartbeat() -> None:
     assert validate.parse_heartbeat({"stats": {"a": 1}}) == {"a": 1}
     with pytest.raises(InvalidArgument):
         validate.parse_heartbeat({"stats": [1]})
+
+
+@pytest.mark.parametrize(
+    "policy", [{"ttl": float("inf")}, {"staleness": float("nan")}, {"ttl": "1e999"}]
+)
+def test_policy_numbers_must_be_finite(policy: dict[str, Any]) -> None:
+    with pytest.raises(InvalidArgument):
+        validate.apply_policy(CachePolicy(), policy)
+
+
+@pytest.mark.parametrize(
+    ("raw", "word"),
+    [
+        (b'{"ttl": NaN}', "NaN"),
+        (b'{"ttl": -Infinity}', "Infinity"),
+        (b'{"ttl": 1e999}', "out of range"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested"),
+        (b"[" * 65 + b"]" * 65, "nested"),
+        (b"\xff", "malformed"),
+    ],
+)
+def test_parse_json_is_strict(raw: bytes, word: str) -> None:
+    with pytest.raises(InvalidArgument, match=word):
+        validate.parse_json(raw)
+
+
+def test_parse_json_accepts_ordinary_bodies() -> None:
+    assert validate.parse_json(b'{"a": [1, 2.5, {"b": "[[["}]}') == {"a": [1, 2.5, {"b": "[[["}]}
+
+
+def _ds(uri: str) -> dict[str, Any]:
+    return {"name": "d", "mounts": [{"name": "m", "uri": uri}]}
+
+
+@pytest.mark.parametrize(
+    ("uri", "roots", "word"),
+    [
+        ("file:///data/x", (), "--file-root"),
+        ("/data/x", (), "--file-root"),
+        ("file:///etc", ("/data",), "outside"),
+        ("file:///", ("/data",), "outside"),
+        ("file:///data/../etc", ("/data",), "outside"),
+        ("file:///database", ("/data",), "outside"),  # a prefix of the name is not a parent
+        ("local:///etc", ("/data",), "outside"),
+        ("simplecache::file:///etc", ("/data",), "outside"),
+        ("file://relative/x", ("/data",), "absolute"),
+        ("s3://b\x00x", None, "control character"),
+        ("file:///data/a\nb", ("/data",), "control character"),
+    ],
+)
+def test_mount_uris_refused(uri: str, roots: tuple[str, ...] | None, word: str) -> None:
+    with pytest.raises(InvalidArgument, match=word):
+        validate.parse_dataset(_ds(uri), roots)
+
+
+@pytest.mark.parametrize(
+    ("uri", "roots"),
+    [
+        ("file:///data", ("/data",)),
+        ("file:///data/sub/x", ("/data", "/other")),
+        ("file://localhost/data/x", ("/data",)),
+        ("file:///etc", None),  # callers other than the master's API skip the rule
+        ("s3://bucket/x", ()),
+    ],
+)
+def test_mount_uris_allowed(uri: str, roots: tuple[str, ...] | None) -> None:
+    assert validate.parse_dataset(_ds(uri), roots).mounts[0].uri == uri
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://h", "http://", "http://h:99999", "http://h:x"])
+def test_endpoint_url_refused(url: str) -> None:
+    body = {
+        "name": "d",
+        "mounts": [{"name": "m", "uri": "s3://b", "options": {"endpoint_url": url}}],
+    }
+    with pytest.raises(InvalidArgument, match="endpoint_url"):
+        validate.parse_dataset(body)
+
+
+def test_endpoint_url_allowed() -> None:
+    body = {
+        "name": "d",
+        "mounts": [{"name": "m", "uri": "s3://b", "options": {"endpoint_url": "https://h:9000"}}],
+    }
+    assert validate.parse_dataset(body).mounts[0].options["endpoint_url"] == "https://h:9000"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,27 +29,55 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--disk", default="4GiB", help="disk tier per worker")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    p.add_argument(
+        "--file-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="allow file:// mounts under DIR (repeatable; default: the system temp directory)",
+    )
     add_json(p)
     p.set_defaults(handler=cmd_up)
 
     p = sub.add_parser("down", help="stop the local cluster")
-    p.add_argument("--dir", type=Path, default=None)
+    p.add_argument(
+        "--dir", type=Path, default=None, help="cluster directory (default ~/.shoal/cluster)"
+    )
     p.set_defaults(handler=cmd_down)
 
     p = sub.add_parser("master", help="run a master in the foreground")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=19999)
-    p.add_argument("--state-dir", default=".shoal/master")
-    p.add_argument("--heartbeat-interval", type=float, default=2.0)
-    p.add_argument("--worker-expiry", type=float, default=10.0)
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=19999, help="port (default 19999; 0: any free)")
+    p.add_argument("--state-dir", default=".shoal/master", help="directory of the SQLite state")
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between worker heartbeats (default 2)",
+    )
+    p.add_argument(
+        "--worker-expiry",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a worker silent this long leaves the ring (default 10)",
+    )
+    p.add_argument(
+        "--file-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="allow file:// mounts under DIR (repeatable; default: none, file:// refused)",
+    )
     p.add_argument("--url-file", default=None, help="write the URL here once listening")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(handler=cmd_master)
 
     p = sub.add_parser("worker", help="run a worker in the foreground")
     p.add_argument("--master", required=False, help="master URL (default $SHOAL_MASTER)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=29999)
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=29999, help="port (default 29999; 0: any free)")
     p.add_argument("--advertise-host", default="", help="address other hosts use")
     p.add_argument("--dir", default=".shoal/worker", help="working directory")
     p.add_argument(
@@ -59,9 +89,15 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--uds", default="", help="Unix socket path (default DIR/worker.sock)")
     p.add_argument("--node", default=None, help="node identity (default $SHOAL_NODE or hostname)")
-    p.add_argument("--ufs-concurrency", type=int, default=32)
-    p.add_argument("--url-file", default=None)
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--ufs-concurrency",
+        type=int,
+        default=32,
+        metavar="N",
+        help="concurrent under-storage requests (default 32)",
+    )
+    p.add_argument("--url-file", default=None, help="write host:port here once listening")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(handler=cmd_worker)
 
 
@@ -76,7 +112,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise InvalidArgument(
             f"a cluster is already running from {d} at {state['master']}; `shoal down` first"
         )
-    cluster = LocalCluster(d, workers=args.workers, mem=args.mem, disk=args.disk, host=args.host)
+    roots = tuple(_roots(args.file_root)) or (tempfile.gettempdir(),)
+    cluster = LocalCluster(
+        d, workers=args.workers, mem=args.mem, disk=args.disk, host=args.host, file_roots=roots
+    )
     try:
         url = cluster.start()
     except ShoalError:
@@ -109,9 +148,19 @@ def cmd_master(args: argparse.Namespace) -> int:
             heartbeat_interval=args.heartbeat_interval,
             worker_expiry=args.worker_expiry,
             url_file=args.url_file,
+            file_roots=tuple(_roots(args.file_root)),
         )
     )
     return 0
+
+
+def _roots(dirs: list[str]) -> list[str]:
+    out = []
+    for d in dirs:
+        if not d or "\x00" in d or not os.path.isabs(d):
+            raise InvalidArgument(f"--file-root {d!r}: give an absolute directory")
+        out.append(os.path.realpath(d))
+    return out
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -123,7 +172,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     setup_server_logging(args.log_level)
     run_worker(
         WorkerSettings(
-            master=master_from_env(args.master),
+            master=master_from_env(args.master, hint="pass --master URL"),
             host=args.host,
             port=args.port,
             work_dir=args.dir,

@@ -20,7 +20,7 @@ def master_url(args: argparse.Namespace) -> str:
                 f"no master: pass --master URL, set {ENV_MASTER}, or start one with `shoal up`"
             )
         explicit = state["master"]
-    return master_from_env(explicit)
+    return master_from_env(explicit, hint="pass --master URL")
 
 
 def client(args: argparse.Namespace) -> Client:

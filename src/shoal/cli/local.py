@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,9 @@ class LocalCluster:
     ufs_concurrency: int = 32
     heartbeat: float = 1.0
     expiry: float = 5.0
+    #: directories file:// mounts may read (the master's --file-root); the default,
+    #: the system temp directory, is what a local trial and the tests need
+    file_roots: tuple[str, ...] = field(default_factory=lambda: (tempfile.gettempdir(),))
     #: extra environment for the processes (e.g. AWS credentials for a test store)
     env: dict[str, str] = field(default_factory=dict)
     master_url: str = ""
@@ -102,6 +106,7 @@ class LocalCluster:
                 str(self.heartbeat),
                 "--worker-expiry",
                 str(self.expiry),
+                *(arg for root in self.file_roots for arg in ("--file-root", root)),
             ],
         )
         self.master_url = _wait_file(url_file, proc, timeout, log).strip()

@@ -7,13 +7,15 @@ system in one line and status 1. Never a traceback (set SHOAL_DEBUG=1 to see one
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import sys
 from collections.abc import Callable
 
 from shoal import __version__
-from shoal.errors import NotFound, PermissionDenied, ShoalError, UserError
+from shoal.cli.output import set_plain
+from shoal.errors import IsADirectory, NotFound, PermissionDenied, ShoalError, UserError
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -42,12 +44,15 @@ def main(argv: list[str] | None = None) -> None:
         from shoal.cli.bench import run_bench
 
         run_bench(argv[1:])  # hands the process over to the suite
+    _buffered_stdout()
     parser = _parser()
     args = parser.parse_args(argv)
+    set_plain(bool(getattr(args, "plain", False)))
     handler: Handler = args.handler
     try:
         code = handler(args) or 0
-    except (UserError, NotFound, PermissionDenied) as exc:
+        sys.stdout.flush()
+    except (UserError, NotFound, PermissionDenied, IsADirectory) as exc:
         print(
             f"shoal: error: {exc.message if isinstance(exc, ShoalError) else exc}", file=sys.stderr
         )
@@ -58,14 +63,47 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:
-        code = 0
+        # printed output (tables, listings) whose reader went away, e.g. `| head`
+        print("shoal: error: output closed early (broken pipe)", file=sys.stderr)
+        code = 1
     except Exception as exc:
         if os.environ.get("SHOAL_DEBUG"):
             raise
         print(f"shoal: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         code = 1
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()  # what a failing command printed before it failed still goes out
+    except OSError as exc:
+        if not code:
+            print(f"shoal: error: writing output: {exc.strerror or exc}", file=sys.stderr)
+            code = 1
+        _drop_stdout()
     sys.exit(code)
+
+
+def _buffered_stdout() -> None:
+    """Put a buffer under stdout when PYTHONUNBUFFERED/-u took it away: the raw layer
+    does one write(2) per call and drops what a short write left (65,536 of 108 MB
+    bytes reached a slow pipe reader); a BufferedWriter writes everything or raises."""
+    if isinstance(getattr(sys.stdout, "buffer", None), io.RawIOBase):
+        tty = sys.stdout.isatty()
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(sys.stdout.buffer),
+            encoding=sys.stdout.encoding,
+            errors=sys.stdout.errors,
+            line_buffering=tty,
+        )
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit cannot add a second
+    error line ("Exception ignored ... BrokenPipeError") after ours."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def setup_server_logging(level: str) -> None:

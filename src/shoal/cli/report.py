@@ -16,12 +16,32 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=cmd_report)
 
 
+def _ratio(hits: int, misses: int) -> str:
+    """Hits over reads, from the two counts printed beside it (so they always agree).
+
+    The master's ``hit_ratio`` is byte-weighted: a read that fetched some pages from
+    the store is one miss, but its pages that were already cached (or arriving for a
+    concurrent read) count as cache bytes, so "0 hits, 20 misses" could show 18.4%.
+    That figure is printed as "bytes from cache".
+    """
+    reads = hits + misses
+    return f"{hits / reads:.1%}" if reads else "-"
+
+
+def _byte_share(by_source: dict[str, int]) -> str:
+    total = sum(by_source.get(s, 0) for s in ("local", "remote", "ufs"))
+    if not total:
+        return "-"
+    return f"{(by_source.get('local', 0) + by_source.get('remote', 0)) / total:.1%}"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     with client(args) as c:
         r = c.report()
-    if args.json:
-        emit_json(r)
-        return 0
+        if args.json:
+            emit_json(r)
+            return 0
+        policies = {d.name: d.policy for d in c.datasets()}
     table(
         "datasets",
         [
@@ -31,6 +51,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             "hits",
             "misses",
             "hit ratio",
+            "bytes from cache",
             "local",
             "remote",
             "store",
@@ -42,7 +63,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                 human_bytes(d.get("cached_bytes", 0)),
                 d.get("hits", 0),
                 d.get("misses", 0),
-                f"{d.get('hit_ratio', 0.0):.1%}",
+                _ratio(d.get("hits", 0), d.get("misses", 0)),
+                _byte_share(d.get("bytes_by_source", {})),
                 *(
                     human_bytes(d.get("bytes_by_source", {}).get(s, 0))
                     for s in ("local", "remote", "ufs")
@@ -70,4 +92,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             for w in r.get("workers", [])
         ],
     )
+    live = sum(1 for w in r.get("workers", []) if w.get("state") == "live")
+    for name, policy in sorted(policies.items()):
+        if policy.replicas > live:
+            print(
+                f"under-replicated: dataset {name} asks for replicas={policy.replicas}, "
+                f"the cluster has {live} live worker(s)"
+            )
     return 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import shoal
 from shoal.config import MasterSettings
 from shoal.errors import InvalidArgument, NotFound, ShoalError
+from shoal.master import validate
 from shoal.master.jobroutes import add_job_routes
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService, check_settings
@@ -80,10 +80,7 @@ async def _body(request: web.Request) -> Any:
     raw = await request.read()
     if not raw.strip():
         return None
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"malformed JSON body: {exc}") from None
+    return validate.parse_json(raw)
 
 
 def _service(request: web.Request) -> MasterService:

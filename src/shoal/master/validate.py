@@ -8,9 +8,13 @@ what workers send is read tolerantly, so a newer worker can talk to an older mas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from shoal.core.membership import TierDecl, WorkerInfo
 from shoal.core.types import CachePolicy, Dataset, Mount
@@ -21,6 +25,47 @@ _INT_FIELDS = {"replicas", "page_size", "readahead"}
 _FLOAT_FIELDS = {"ttl", "staleness"}
 #: fields whose string values go through CachePolicy.with_options ("64MiB", "5m", ...)
 _PARSED_STR_FIELDS = _INT_FIELDS | _FLOAT_FIELDS | {"pin", "tiers"}
+
+
+#: deepest nesting of arrays/objects accepted in a request body (ours nest 4 deep)
+MAX_DEPTH = 64
+
+
+def _no_constant(name: str) -> Any:
+    raise InvalidArgument(f"malformed JSON body: {name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf
+        raise InvalidArgument(f"malformed JSON body: {text} is out of range")
+    return value
+
+
+def _too_deep(raw: bytes) -> bool:
+    """Nesting deeper than MAX_DEPTH, counted without parsing (brackets in strings
+    count too: a false alarm only for bodies no shoal client sends)."""
+    depth = 0
+    for b in raw:
+        if b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif b in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, no out-of-range numbers, bounded nesting."""
+    if len(raw) < (1 << 20) and _too_deep(raw):
+        raise InvalidArgument(f"malformed JSON body: nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument("malformed JSON body: nested too deeply") from None
 
 
 def require_object(body: Any, what: str) -> dict[str, Any]:
@@ -81,11 +126,82 @@ def apply_policy(base: CachePolicy, changes: Any) -> CachePolicy:
         else:
             merged[key] = value
     policy = CachePolicy.from_dict(merged)
-    return policy.with_options(as_text) if as_text else policy
+    policy = policy.with_options(as_text) if as_text else policy
+    for key in sorted(_FLOAT_FIELDS):
+        # NaN and Infinity would be stored, then leave as JSON that strict parsers reject
+        if not math.isfinite(getattr(policy, key)):
+            raise InvalidArgument(f"invalid {key} {getattr(policy, key)!r}: must be finite")
+    return policy
 
 
-def parse_dataset(body: Any) -> Dataset:
-    """A ``POST /api/v1/datasets`` body -> a new Dataset (generation is the master's)."""
+#: the master flag that allows file:// mounts under a directory
+FILE_ROOT_FLAG = "--file-root"
+
+
+def _local_path(uri: str) -> str | None:
+    """The host path a URI reads (file://, fsspec's local:// or a bare path), else None."""
+    if uri.startswith("/"):
+        return uri
+    head, sep, rest = uri.partition("://")
+    if not sep or not {p.lower() for p in head.split("::")} & {"file", "local"}:
+        return None
+    return rest[len("localhost") :] if rest.startswith("localhost/") else rest
+
+
+def _check_endpoint(mount: str, url: str | None) -> None:
+    """An endpoint_url the S3 driver can use, refused here rather than by a worker."""
+    if url is None:
+        return
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # raises ValueError for a port out of range or not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise InvalidArgument(
+            f"mount {mount!r}: invalid endpoint_url {url[:100]!r}: expected http(s)://host[:port]"
+        )
+
+
+def check_uri(name: str, uri: str, file_roots: Sequence[str] | None) -> None:
+    """Refuse URIs no driver should see; a file:// mount only under ``file_roots``.
+
+    ``file_roots`` None skips the file:// rule (callers that are not the master's
+    API); an empty sequence refuses every file:// mount. A file:// dataset reads host
+    files as the workers' user, so only directories an administrator named are allowed.
+    """
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in uri):
+        raise InvalidArgument(f"mount {name!r}: the URI contains a control character (or NUL)")
+    if len(uri) > 4096:
+        raise InvalidArgument(f"mount {name!r}: the URI is longer than 4096 characters")
+    path = _local_path(uri)
+    if path is None or file_roots is None:
+        return
+    if not path.startswith("/"):
+        raise InvalidArgument(f"mount {name!r}: a file:// URI needs an absolute path")
+    if not file_roots:
+        raise InvalidArgument(
+            f"mount {name!r}: file:// mounts are not allowed by this master; start it "
+            f"with {FILE_ROOT_FLAG} DIR (repeatable) to allow directories under DIR"
+        )
+    # resolved: '..' and symlinks may not lead out of an allowed root
+    real = os.path.realpath(path)
+    for root in file_roots:
+        r = os.path.realpath(root)
+        if real == r or real.startswith(r.rstrip("/") + "/"):
+            return
+    raise InvalidArgument(
+        f"mount {name!r}: {real} is outside the master's file roots "
+        f"({', '.join(file_roots)}); add one with {FILE_ROOT_FLAG} DIR"
+    )
+
+
+def parse_dataset(body: Any, file_roots: Sequence[str] | None = None) -> Dataset:
+    """A ``POST /api/v1/datasets`` body -> a new Dataset (generation is the master's).
+
+    ``file_roots``: see :func:`check_uri`.
+    """
     body = require_object(body, "dataset")
     # "generation" and "manifest" are accepted (and ignored) so Dataset.to_dict() output
     # can be posted
@@ -103,7 +219,10 @@ def parse_dataset(body: Any) -> Dataset:
             isinstance(k, str) and isinstance(v, str) for k, v in options.items()
         ):
             raise InvalidArgument("mount: 'options' must map strings to strings")
-        mounts.append(Mount(_str(m, "name", "mount"), _str(m, "uri", "mount"), dict(options)))
+        mname, uri = _str(m, "name", "mount"), _str(m, "uri", "mount")
+        check_uri(mname, uri, file_roots)
+        _check_endpoint(mname, options.get("endpoint_url"))
+        mounts.append(Mount(mname, uri, dict(options)))
     policy = apply_policy(CachePolicy(), body.get("policy") or {})
     return Dataset(name=name, mounts=tuple(mounts), policy=policy)
 
