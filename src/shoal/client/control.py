@@ -17,6 +17,7 @@ from shoal.config import ClientSettings
 from shoal.core.manifest import Manifest
 from shoal.core.types import NEVER, Dataset, Mount
 from shoal.errors import ProtocolError, Unavailable, from_code
+from shoal.proto import control as api
 from shoal.proto.control import WATCH, WATCH_MAX_TIMEOUT
 
 
@@ -60,20 +61,20 @@ class ControlPlane:
         from shoal.core.types import CachePolicy
 
         ds = Dataset(name, tuple(mounts), CachePolicy().with_options(options or {}))
-        return Dataset.from_dict(await self._master("POST", "/api/v1/datasets", ds.to_dict()))
+        return Dataset.from_dict(await self._master("POST", api.DATASETS, ds.to_dict()))
 
     async def update_dataset(self, name: str, options: dict[str, str]) -> Dataset:
         current = await self.dataset(name, refresh=True)
         policy = current.policy.with_options(options)
-        d = await self._master("PATCH", f"/api/v1/datasets/{name}", {"policy": policy.to_dict()})
+        d = await self._master("PATCH", api.dataset_path(name), {"policy": policy.to_dict()})
         return Dataset.from_dict(d)
 
     async def delete_dataset(self, name: str) -> None:
-        await self._master("DELETE", f"/api/v1/datasets/{name}")
+        await self._master("DELETE", api.dataset_path(name))
         self.cache.datasets.pop(name, None)
 
     async def datasets(self) -> list[Dataset]:
-        data = await self._master("GET", "/api/v1/datasets")
+        data = await self._master("GET", api.DATASETS)
         out = [Dataset.from_dict(d) for d in data["datasets"]]
         now = time.monotonic()
         for ds in out:
@@ -90,19 +91,19 @@ class ControlPlane:
 
     async def submit_job(self, spec: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
         body = {"spec": spec, "schedule": schedule}
-        return await self._master("POST", "/api/v1/jobs", body)
+        return await self._master("POST", api.JOBS, body)
 
     async def jobs(self) -> dict[str, Any]:
-        return await self._master("GET", "/api/v1/jobs")
+        return await self._master("GET", api.JOBS)
 
     async def job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("GET", f"/api/v1/jobs/{job_id}")
+        return await self._master("GET", api.job_path(job_id))
 
     async def stop_job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("POST", f"/api/v1/jobs/{job_id}/stop")
+        return await self._master("POST", api.job_path(job_id, "stop"))
 
     async def resume_job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("POST", f"/api/v1/jobs/{job_id}/resume")
+        return await self._master("POST", api.job_path(job_id, "resume"))
 
     async def manifest(self, ds: Dataset) -> Manifest | None:
         """The dataset's manifest (fetched once per manifest id), if it has one within
@@ -112,7 +113,7 @@ class ControlPlane:
         hit = self.cache.manifests.get(ds.name)
         if hit is None or hit[0] != ds.manifest:
             http = await self._session()
-            url = f"{self.settings.master}/api/v1/datasets/{ds.name}/manifest"
+            url = f"{self.settings.master}{api.dataset_path(ds.name)}/manifest"
             try:
                 async with http.get(url) as r:
                     if r.status != 200:
@@ -129,7 +130,7 @@ class ControlPlane:
         return man
 
     async def report(self) -> dict[str, Any]:
-        return await self._master("GET", "/api/v1/report")
+        return await self._master("GET", api.REPORT)
 
     async def watch(self, since: int, timeout: float, watcher: str) -> int:
         """Long-poll the master until its datasets generation is above ``since`` (or
@@ -162,4 +163,4 @@ class ControlPlane:
         return int(data["datasets_generation"])
 
     async def health(self) -> dict[str, Any]:
-        return await self._master("GET", "/api/v1/health")
+        return await self._master("GET", api.HEALTH)

@@ -20,10 +20,10 @@ from shoal.master.jobs import JobManager
 from shoal.master.validate import parse_json
 from shoal.proto import control
 
-JOBS = "/api/v1/jobs"
-JOB = "/api/v1/jobs/{id}"
-JOB_STOP = "/api/v1/jobs/{id}/stop"
-JOB_RESUME = "/api/v1/jobs/{id}/resume"
+JOBS = control.JOBS
+JOB = control.JOB
+JOB_STOP = f"{control.JOB}/stop"
+JOB_RESUME = f"{control.JOB}/resume"
 CLAIM = "/api/v1/workers/{id}/tasks"
 TASK = "/api/v1/tasks/{id}"
 MANIFEST = "/api/v1/datasets/{name}/manifest"

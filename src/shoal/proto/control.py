@@ -57,6 +57,8 @@ WORKER_HEARTBEAT = f"{API_PREFIX}/workers/{{id}}/heartbeat"
 RING = f"{API_PREFIX}/ring"
 REPORT = f"{API_PREFIX}/report"
 WATCH = f"{API_PREFIX}/watch"
+JOBS = f"{API_PREFIX}/jobs"
+JOB = f"{API_PREFIX}/jobs/{{id}}"
 #: longest a watch poll is held open (seconds); a larger ``timeout`` is capped to it
 WATCH_MAX_TIMEOUT = 60.0
 WATCH_DEFAULT_TIMEOUT = 30.0
@@ -69,6 +71,12 @@ INTERNAL_ERROR_MESSAGE = "internal error in the master; see its log"
 def dataset_path(name: str) -> str:
     """``/api/v1/datasets/<name>`` with the name quoted for a URL."""
     return DATASET.format(name=quote(name, safe=""))
+
+
+def job_path(job_id: str, action: str = "") -> str:
+    """``/api/v1/jobs/<id>[/<action>]`` with the id quoted for a URL."""
+    path = JOB.format(id=quote(job_id, safe=""))
+    return f"{path}/{action}" if action else path
 
 
 def heartbeat_path(worker_id: str) -> str:
