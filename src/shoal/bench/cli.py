@@ -22,11 +22,12 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="write no files")
     p.add_argument("--contender", action="append", default=[], help="only these (repeat)")
     p.add_argument("--workload", action="append", default=[],
-                   help="only these: small, mix, large, meta, train (repeat)")  # fmt: skip
+                   help="only these: small, mix, large, meta, train, parquet, load, manifest (repeat)")  # fmt: skip
     p.add_argument("--procs", type=int, help="N reader processes")
     p.add_argument("--small-files", type=int)
     p.add_argument("--mix-files", type=int)
     p.add_argument("--large-mib", type=int)
+    p.add_argument("--parquet-mb", type=float, help="size of the parquet workload's file")
     p.add_argument("--rate-mbit", type=float)
     p.add_argument("--delay-ms", type=float)
     p.add_argument("--warm-reps", type=int)
@@ -66,6 +67,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             kw[attr] = v
     if args.large_mib is not None:
         kw["large_size"] = args.large_mib << 20
+    if args.parquet_mb is not None:
+        from shoal.bench.parquet import TableSpec
+
+        kw["parquet_size"] = int(args.parquet_mb * 1e6)
+        try:
+            TableSpec(kw["parquet_size"])
+        except ValueError as exc:
+            print(f"shoal bench: --parquet-mb: {exc}", file=sys.stderr)
+            return 2
     cfg = Config.make(args.quick, **kw)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else (
         lambda s: print(s, flush=True))  # fmt: skip

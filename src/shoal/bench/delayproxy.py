@@ -5,7 +5,10 @@ written to the other ``delay`` seconds after it arrived, in order, without waiti
 earlier chunks' delays to add up. A request therefore costs one delay on the way in and
 one on the way back (one RTT of 2 x delay), while bandwidth is not reduced (chunks in
 flight overlap). Run as ``python -m shoal.bench.delayproxy --upstream HOST:PORT
---delay-ms N``; it prints ``http://127.0.0.1:PORT`` once listening and runs until killed.
+--delay-ms N``; it prints ``http://127.0.0.1:PORT`` once listening, then ``control
+HOST:PORT``, and runs until killed. It counts the bytes it carries each way: a
+connection to the control address gets ``<to upstream> <from upstream>\n`` (what the
+benchmark reports as bytes fetched from the store) and is closed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ import time
 CHUNK = 256 * 1024
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+#: bytes carried so far: [client -> upstream, upstream -> client]
+_carried = [0, 0]
+
+
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, way: int
+) -> None:
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
     ready = asyncio.Event()
     done = False
@@ -32,6 +41,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
                 data = await reader.read(CHUNK)
                 if not data:
                     break
+                _carried[way] += len(data)
                 queue.append((time.monotonic() + delay, data))
                 ready.set()
         finally:
@@ -74,17 +84,25 @@ async def _serve(listen: str, upstream: str, delay: float) -> None:
             cw.close()
             return
         try:
-            await asyncio.gather(_pump(cr, uw, delay), _pump(ur, cw, delay))
+            await asyncio.gather(_pump(cr, uw, delay, 0), _pump(ur, cw, delay, 1))
         finally:
             for w in (cw, uw):
                 with contextlib.suppress(Exception):
                     w.close()
 
+    async def control(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            cw.write(f"{_carried[0]} {_carried[1]}\n".encode())
+            await cw.drain()
+        cw.close()
+
     host, port = listen.rsplit(":", 1)
     server = await asyncio.start_server(handle, host, int(port), backlog=1024)
-    bound = server.sockets[0].getsockname()
+    ctl = await asyncio.start_server(control, host, 0)
+    bound, cbound = server.sockets[0].getsockname(), ctl.sockets[0].getsockname()
     print(f"http://{bound[0]}:{bound[1]}", flush=True)
-    async with server:
+    print(f"control {cbound[0]}:{cbound[1]}", flush=True)
+    async with server, ctl:
         await server.serve_forever()
 
 

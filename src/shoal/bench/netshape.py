@@ -120,6 +120,7 @@ class DelayProxy:
         self.upstream, self.delay_ms = upstream, delay_ms
         self.proc: subprocess.Popen[str] | None = None
         self.endpoint = ""
+        self.control = ""  # HOST:PORT that answers the byte counts
 
     def start(self) -> DelayProxy:
         self.proc = subprocess.Popen(
@@ -142,7 +143,22 @@ class DelayProxy:
             self.stop()
             raise RuntimeError("delay proxy did not start")
         self.endpoint = line
+        ctl = self.proc.stdout.readline().strip()
+        if not ctl.startswith("control "):
+            self.stop()
+            raise RuntimeError("delay proxy did not start its control listener")
+        self.control = ctl.split(" ", 1)[1]
         return self
+
+    def carried(self) -> tuple[int, int]:
+        """Bytes carried so far: (to the store, from the store), headers included."""
+        host, port = self.control.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            data = b""
+            while chunk := s.recv(64):
+                data += chunk
+        up, down = data.split()
+        return int(up), int(down)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from shoal.bench import parquet
 from shoal.bench.stats import Result, ratio
 from shoal.bench.suite import Report, targets
 
@@ -14,6 +15,14 @@ LOCAL = "local-dir"
 def _rate(r: Result) -> float:
     """The headline rate of a result: MB/s for large-file workloads, files/s otherwise."""
     return r.mb_per_s if r.workload.startswith("large") else r.files_per_s
+
+
+def _unit(wl: str) -> str:
+    if wl.startswith("large"):
+        return "MB/s"
+    if wl.startswith("meta"):
+        return "entries/s"
+    return "reads/s" if wl.startswith("parquet") else "files/s"
 
 
 def workloads(rep: Report) -> list[str]:
@@ -40,6 +49,10 @@ def ratios(rep: Report) -> dict[str, Any]:
     for t in targets(rep.config.procs):
         r, met = t.evaluate(rep.results)
         out["targets"].append({"target": t.label, "ratio": _round(r), "goal": t.factor, "met": met})
+    if "parquet" in rep.extra:
+        out["parquet"] = parquet.summary(
+            rep.results, rep.fetched, rep.extra["parquet"]["needed_bytes"]
+        )
     return out
 
 
@@ -70,6 +83,10 @@ def to_json(rep: Report) -> dict[str, Any]:
         "notes": sorted(set(rep.notes)),
         "seconds": round(rep.seconds, 1),
         "timing": rep.timing,
+        "fetched": [
+            {"workload": w, "contender": c, "bytes": v} for (w, c), v in rep.fetched.items()
+        ],
+        "parquet": rep.extra.get("parquet"),
     }
 
 
@@ -105,11 +122,9 @@ def markdown(rep: Report, charts: list[str]) -> str:
         lines.append(f"| {t['target']} | {_fmt(t['ratio'])} | {t['goal']} | {met} |")
     lines += ["", "## Results", ""]
     for wl in workloads(rep):
-        unit = (
-            "MB/s"
-            if wl.startswith("large")
-            else ("entries/s" if wl.startswith("meta") else "files/s")
-        )
+        if wl.startswith("parquet"):
+            continue  # its own section, below
+        unit = _unit(wl)
         lines += [f"### {wl}", "", f"| contender | {unit} | MB/s | CPU s/GB | x local | runs | note |",
                   "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
         for (w, c), r in rep.results.items():
@@ -123,6 +138,7 @@ def markdown(rep: Report, charts: list[str]) -> str:
                 f"{_fmt(tl)} | {len(r.samples)} | {r.note} |"
             )
         lines.append("")
+    lines += parquet.markdown(rep)
     lines += ["## Shoal against each peer", "",
               "Each cell: shoal's rate / the peer's rate on the same workload.", ""]  # fmt: skip
     for wl, rows in rat["to_peers"].items():
@@ -162,7 +178,9 @@ def charts(rep: Report, outdir: Path, rel_to: Path) -> list[str]:
     except ImportError:
         return []
     outdir.mkdir(parents=True, exist_ok=True)
-    groups: dict[str, list[str]] = {"small": [], "mix": [], "large": [], "meta": [], "train": []}
+    groups: dict[str, list[str]] = {
+        "small": [], "mix": [], "large": [], "meta": [], "train": [], "parquet": []
+    }  # fmt: skip
     for wl in workloads(rep):
         for g in groups:
             if wl.startswith(g):
@@ -179,12 +197,7 @@ def charts(rep: Report, outdir: Path, rel_to: Path) -> list[str]:
                       for c, _ in rs]  # fmt: skip
             ax.barh([c for c, _ in rs], [v for _, v in rs], color=colors)
             ax.set_title(wl, fontsize=9)
-            unit = (
-                "MB/s"
-                if wl.startswith("large")
-                else ("entries/s" if wl.startswith("meta") else "files/s")
-            )
-            ax.set_xlabel(unit, fontsize=8)
+            ax.set_xlabel(_unit(wl), fontsize=8)
             ax.tick_params(labelsize=7)
         fig.tight_layout()
         p = outdir / f"{g}.png"

@@ -48,6 +48,8 @@ class Config:
     train_batch: int = 32
     train_step_ms: float = 10.0
     meta_stats: int = 2_000
+    #: the parquet workload's file (bytes; its row groups: see bench/parquet.py)
+    parquet_size: int = 160_000_000
     #: seconds after which a warm pass stops and is rated on what it read (the slowest
     #: peers would otherwise need hours), and the same for a cold pass; a peer whose cold
     #: pass was stopped reads only what it cached in its warm passes (see workloads.py)
@@ -63,6 +65,7 @@ class Config:
                 quick=True, store="moto", small_files=2_000, mix_files=150,
                 large_size=32 << 20, procs=2, warm_reps=3, cold_reps=1,
                 train_samples=1_000, meta_stats=500, cap_s=5.0, cold_cap_s=10.0,
+                parquet_size=24_000_000,
             )  # fmt: skip
             base.update(kw)
             return cls(**base)  # type: ignore[arg-type]
@@ -103,6 +106,10 @@ class Report:
     seconds: float = 0.0
     #: wall seconds per section (set-up, each contender, training, data operations)
     timing: dict[str, float] = field(default_factory=dict)
+    #: bytes fetched from the store by each run of (workload, contender), where counted
+    fetched: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    #: what a workload says about itself ("parquet": the file and the bytes it needs)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def add(self, workload: str, contender: str, sample: Sample | None, note: str = "") -> None:
         r = self.results.setdefault((workload, contender), Result(workload, contender))
@@ -149,6 +156,7 @@ class Suite:
         self.cluster: Any = None
         self.cluster_gen = 0
         self.env: BenchEnv | None = None
+        self.table: Any = None  # the parquet workload's TableSpec, once written
         self.spec = DataSpec(
             cfg.small_files, mix_files=cfg.mix_files, large_size=cfg.large_size
         ).layout()
@@ -178,6 +186,8 @@ class Suite:
         self.say(f"store: {self.store.kind} at {self.store.endpoint} (namespace {self.link.ns})")
         secs = upload(self.spec, local, self.store.endpoint, BUCKET, marker)
         self.say(f"upload: {secs:.0f}s")
+        if self._want("parquet"):
+            self.setup_parquet(local)
         self.report.link = measure_link(
             self.link, cfg.rate_mbit, cfg.delay_ms, 1.5 if cfg.quick else 3.0
         )
@@ -189,6 +199,25 @@ class Suite:
         self.env = BenchEnv(cfg.workdir, self.proxy.endpoint, BUCKET, local)
         self.env.extra["shoal_cold"] = self.shoal_cold
         self.env.extra["direct_endpoint"] = self.store.endpoint
+
+    def setup_parquet(self, local: Path) -> None:
+        from shoal.bench import parquet
+
+        assert self.store is not None
+        self.table = parquet.TableSpec(self.cfg.parquet_size)
+        path = local / parquet.KEY
+        t0 = time.perf_counter()
+        parquet.write(self.table, path)
+        secs = parquet.upload(self.table, path, self.store.endpoint, BUCKET)
+        lay = parquet.layout(path)
+        t = self.table
+        self.report.extra["parquet"] = {
+            "file_bytes": lay.file_size, "columns": t.columns, "row_groups": t.row_groups,
+            "group_rows": t.group_rows, "projection": t.projection,
+            "needed_bytes": lay.needed(t.projection),
+        }  # fmt: skip
+        self.say(f"parquet: {lay.file_size / 1e6:.1f} MB, {t.row_groups} row groups, "
+                 f"{time.perf_counter() - t0:.0f}s (upload {secs:.0f}s)")  # fmt: skip
 
     def shoal_cold(self) -> None:
         """A fresh cluster with empty caches and the dataset defined again."""
@@ -295,6 +324,22 @@ class Suite:
                     self.report.add(f"meta stat {phase}", c.name, res[1])
                     self.say(f"  meta {phase:5} {c.name:20} ls {res[0].files / res[0].seconds:9,.0f} entries/s"
                              f"  stat {res[1].files / res[1].seconds:9,.0f}/s")  # fmt: skip
+        if self._want("parquet") and "parquet" in self.report.extra:
+            self.run_parquet(c)
+
+    def run_parquet(self, c: Contender) -> None:
+        from shoal.bench import parquet
+
+        if c.name not in parquet.CONTENDERS:
+            return
+        proxy = self.proxy
+
+        def fetched(wl: str, name: str, n: int) -> None:
+            self.report.fetched.setdefault((wl, name), []).append(n)
+            self.say(f"  {wl:24} {name:20} fetched {n / 1e6:,.1f} MB from the store")
+
+        counter = (lambda: proxy.carried()[1]) if proxy is not None else None
+        parquet.Passes(self.cfg, self.table, self._measure, counter, fetched).run(c)
 
     def run_train(self, by_name: dict[str, Contender]) -> None:
         from shoal.bench.train import train
