@@ -21,7 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from shoal.core.manifest import Manifest
-from shoal.core.paging import is_small, page_count, page_len, pages_for_range
+from shoal.core.paging import (
+    is_small,
+    page_count,
+    page_len,
+    pages_for_range,
+    readahead_window,
+)
 from shoal.core.singleflight import SingleFlight
 from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
 from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion
@@ -75,7 +81,8 @@ class Loader:
         self.dead_changes = 0
         #: dataset -> (manifest id, manifest) as the worker last fetched it
         self.manifests: dict[str, tuple[str, Manifest]] = {}
-        self._last_page: dict[tuple[str, str], int] = {}
+        #: (dataset, path) -> (stop, window) of its last read that reached the loader
+        self._last_read: dict[tuple[str, str], tuple[int, int]] = {}
         self._background: set[asyncio.Task[None]] = set()
         #: under-storage GETs issued (for tests and metrics)
         self.ufs_gets = 0
@@ -365,11 +372,10 @@ class Loader:
         self._lists.pop((dataset, parent), None)
 
     def _maybe_readahead(self, ds: Dataset, info: FileInfo, rng: range) -> None:
-        ahead = ds.policy.readahead
         k = (ds.name, info.path)
-        last = self._last_page.get(k, -1)
-        self._last_page[k] = rng.stop - 1
-        if ahead <= 0 or not (rng.start == 0 or rng.start == last + 1):
+        ahead = readahead_window(self._last_read.get(k), rng, ds.policy.readahead)
+        self._last_read[k] = (rng.stop, ahead)
+        if ahead <= 0:
             return
         total = page_count(info.size, ds.policy.page_size)
         fk = FileKey(ds.name, info.path, info.version)
