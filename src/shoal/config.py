@@ -3,8 +3,9 @@
 Every field has a docstring-style comment; every settings class validates itself where it
 is built (``__post_init__``), so a bad value raises InvalidArgument with a one-line
 message, never an ``assert`` and never later, deep in a server. The environment is read
-in exactly two places: :func:`master_from_env` (``SHOAL_MASTER``) and :func:`node_name`
-(``SHOAL_NODE``); the CLI maps its flags onto these classes.
+in exactly three places: :func:`master_from_env` (``SHOAL_MASTER``), :func:`node_name`
+(``SHOAL_NODE``) and :func:`shoal_home` (``SHOAL_HOME``); the CLI maps its flags onto
+these classes.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import math
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from shoal.core.types import TIERS, parse_size
 from shoal.errors import InvalidArgument
 
 ENV_MASTER = "SHOAL_MASTER"
+ENV_HOME = "SHOAL_HOME"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ def _positive(what: str, field_name: str, value: float) -> None:
         raise InvalidArgument(f"{what}: {field_name} must be a number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise InvalidArgument(f"{what}: {field_name} must be a positive number, got {value}")
+
+
+def shoal_home() -> Path:
+    """Where ``shoal up``'s cluster and the mounts keep their state: ``SHOAL_HOME``, else
+    ``~/.shoal``."""
+    return Path(os.environ.get(ENV_HOME) or Path.home() / ".shoal")
 
 
 def node_name() -> str:

@@ -4,6 +4,7 @@ InvalidArgument at construction, never a late failure deep in a server."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,16 @@ def test_missing_master_says_how_to_pass_one(monkeypatch: pytest.MonkeyPatch) ->
         master_from_env(None, hint="pass --master URL")
     monkeypatch.setenv(ENV_MASTER, "127.0.0.1:5/")
     assert master_from_env(None) == "http://127.0.0.1:5"
+
+
+def test_one_place_resolves_shoal_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from shoal.cli.local import default_dir
+    from shoal.config import shoal_home
+    from shoal.fuse.service import default_state_dir
+
+    monkeypatch.setenv("SHOAL_HOME", str(tmp_path))
+    assert shoal_home() == tmp_path
+    assert default_dir() == tmp_path / "cluster"
+    assert default_state_dir() == tmp_path / "mounts"
+    monkeypatch.delenv("SHOAL_HOME")
+    assert shoal_home() == Path.home() / ".shoal"

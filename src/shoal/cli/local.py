@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shoal.config import shoal_home
 from shoal.errors import InvalidArgument, ShoalError, Unavailable
 
 STATE = "cluster.json"
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("SHOAL_HOME", Path.home() / ".shoal")) / "cluster"
+    return shoal_home() / "cluster"
 
 
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> str:

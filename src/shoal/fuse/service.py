@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.client.aio import AsyncClient
-from shoal.config import ClientSettings
+from shoal.config import ClientSettings, shoal_home
 from shoal.errors import InvalidArgument, ShoalError, Unavailable, from_code
 from shoal.fuse import kernel
 from shoal.fuse.daemon import MAX_READ, Daemon, Metrics
@@ -58,7 +58,7 @@ class MountOptions:
 
 
 def default_state_dir() -> Path:
-    return Path(os.environ.get("SHOAL_HOME", Path.home() / ".shoal")) / "mounts"
+    return shoal_home() / "mounts"
 
 
 def state_base(state_dir: str, mountpoint: str) -> Path:
