@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from shoal.client.cache import ClientCache, PageLoc, WorkerAddr
-from shoal.client.conn import Pool, Response
+from shoal.client.conn import Pool, Response, TimedOut
 from shoal.client.hits import EXTRA_OWNERS, HitBook
 from shoal.client.local import TOUCH_EVERY, read_located
 from shoal.config import ClientSettings
@@ -53,6 +53,11 @@ LOCATE_AHEAD = 256 << 20
 DATASET_LOCATE_AFTER = 3
 #: seconds a worker that failed to answer is skipped
 SUSPECT_FOR = 5.0
+#: a read that finds every owner unreachable looks at the ring again, at most this often
+RING_RECHECK_EVERY = 1.0
+#: seconds between log lines about one worker's failovers, or one dataset's fallbacks
+#: to under storage (the others are counted in the next line)
+FAILOVER_LOG_EVERY = 10.0
 
 
 class AsyncClient(HitBook):
@@ -60,6 +65,8 @@ class AsyncClient(HitBook):
         super().__init__(settings, cache or ClientCache())
         self._pools: dict[tuple[str, bool], Pool] = {}
         self._suspect: dict[str, float] = {}
+        #: kind of warning -> (occurrences not yet logged, when its last line was written)
+        self._warned: dict[str, tuple[int, float]] = {}
         self._ufs: dict[tuple[str, str], UnderStore] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -188,6 +195,8 @@ class AsyncClient(HitBook):
         local = self.is_local(w)
         try:
             resp = await self._pool(w, local).call(op, args, want_fds)
+        except TimedOut:
+            raise  # the worker itself does not answer: its TCP port will not either
         except Unavailable:
             if local:  # the socket file may be stale; TCP is the other way in
                 resp = await self._pool(w, False).call(op, args)
@@ -261,19 +270,61 @@ class AsyncClient(HitBook):
 
     async def _with_failover(self, ds: Dataset, np: NsPath, op: Op, args: list[Any]) -> Response:
         last: ShoalError | None = None
-        for w in await self.owners(ds, np.key_path):
-            try:
-                return await self._call(w, op, args)
-            except Unavailable as exc:
-                self._mark_suspect(w, exc)
-                last = exc
+        tried: dict[str, WorkerAddr] = {}
+        owners = await self.owners(ds, np.key_path)
+        for again in (False, True):
+            for w in owners:
+                tried[w.id] = w
+                try:
+                    return await self._call(w, op, args)
+                except Unavailable as exc:
+                    self._mark_suspect(w, exc)
+                    last = exc
+            if again or last is None:
+                break
+            owners = await self._moved_owners(ds, np.key_path, tried)
         raise last or Unavailable("no live workers in the ring")
 
+    async def _moved_owners(
+        self, ds: Dataset, key: str, tried: dict[str, WorkerAddr]
+    ) -> list[WorkerAddr]:
+        """Every owner tried was unreachable: the ring may have moved since this client
+        last looked (a worker restarted on another port, another one took over). Look
+        now, once, and return the owners not tried yet at their current address. (The
+        ring is fetched at most every RING_RECHECK_EVERY seconds this way, so an outage
+        does not send every read to the master.)"""
+        if time.monotonic() - self.cache.ring_at >= RING_RECHECK_EVERY:
+            try:
+                await self.refresh_ring()
+            except ShoalError as exc:
+                log.debug("ring refresh after every owner failed: %s", exc)
+                return []
+        return [w for w in await self.owners(ds, key) if tried.get(w.id) != w]
+
     def _mark_suspect(self, w: WorkerAddr, exc: Exception) -> None:
-        self._suspect[w.id] = time.monotonic() + SUSPECT_FOR
+        now = time.monotonic()
+        self._suspect[w.id] = now + SUSPECT_FOR
         self.cache.counters.failovers += 1
-        log.warning("worker %s unavailable (%s); trying the next owner", w.id, exc)
+        self._warn(
+            f"failover {w.id}", "worker %s unavailable (%s); trying the next owner", w.id, exc
+        )
         self._refresh_soon()
+
+    def _warn(self, kind: str, fmt: str, *args: object) -> None:
+        """A warning that can come once per read (a failover, a fallback): the first of
+        its kind at once, then at most one line per FAILOVER_LOG_EVERY with the count of
+        the ones not shown (the last one's details)."""
+        now = time.monotonic()
+        n, since = self._warned.get(kind, (0, -FAILOVER_LOG_EVERY))
+        n += 1
+        if now - since >= FAILOVER_LOG_EVERY:
+            if n > 1:
+                fmt += " (%d times in %.0fs)"
+                args = (*args, n, min(now - since, FAILOVER_LOG_EVERY))
+            log.warning(fmt, *args)
+            self._warned[kind] = (0, now)
+        else:
+            self._warned[kind] = (n, since)
 
     # -- data -----------------------------------------------------------------------
 
@@ -307,23 +358,30 @@ class AsyncClient(HitBook):
         self, ds: Dataset, np: NsPath, offset: int, length: int, refreshed: bool
     ) -> bytes:
         last: ShoalError | None = None
-        for w in await self.owners(ds, np.key_path):
-            for _attempt in range(3):
-                try:
-                    return await self._read_from(w, ds, np.key_path, offset, length)
-                except StaleVersion:
-                    self.cache.forget(ds.name, np.key_path)
-                except CorruptData as exc:
-                    last = exc
-                except StaleLayout as exc:
-                    if not refreshed:
-                        raise
-                    last = exc  # this worker has not caught up: the next one may have
-                    break
-                except Unavailable as exc:
-                    self._mark_suspect(w, exc)
-                    last = exc
-                    break
+        tried: dict[str, WorkerAddr] = {}
+        owners = await self.owners(ds, np.key_path)
+        for again in (False, True):
+            for w in owners:
+                tried[w.id] = w
+                for _attempt in range(3):
+                    try:
+                        return await self._read_from(w, ds, np.key_path, offset, length)
+                    except StaleVersion:
+                        self.cache.forget(ds.name, np.key_path)
+                    except CorruptData as exc:
+                        last = exc
+                    except StaleLayout as exc:
+                        if not refreshed:
+                            raise
+                        last = exc  # this worker has not caught up: the next one may have
+                        break
+                    except Unavailable as exc:
+                        self._mark_suspect(w, exc)
+                        last = exc
+                        break
+            if again or not isinstance(last, Unavailable):
+                break
+            owners = await self._moved_owners(ds, np.key_path, tried)
         if isinstance(last, Unavailable | CorruptData | StaleLayout) or last is None:
             return await self._fallback(ds, np, offset, length, last)
         raise last
@@ -431,11 +489,19 @@ class AsyncClient(HitBook):
                 return
         await asyncio.gather(*(self._locate_dir(w, ds, d) for d in directories))
 
+    async def _locate_or_suspect(self, w: WorkerAddr, ds: Dataset, directories: list[str]) -> None:
+        try:
+            await self._locate(w, ds, directories)
+        except TimedOut as exc:
+            self._mark_suspect(w, exc)  # what it would have served goes elsewhere
+
     async def _locate_dir(self, w: WorkerAddr, ds: Dataset, directory: str | None) -> bool:
         """Install a LOCATE_DIR answer; whether it held every cached file asked for."""
         ps = ds.policy.page_size
         try:
             resp = await self._call(w, Op.LOCATE_DIR, [ds.name, directory, ps, ds.generation], True)
+        except TimedOut:
+            raise  # a hung worker: the read goes on to the next owner now
         except (Unavailable, ProtocolError, StaleLayout) as exc:
             log.debug("LOCATE_DIR on %s failed: %s", w.id, exc)
             return False
@@ -487,7 +553,12 @@ class AsyncClient(HitBook):
             ufs = self._ufs[key] = open_store(ds.mount(np.mount))
         c = self.cache.counters
         c.ufs_fallback += 1
-        log.warning("no worker could serve %s (%s); reading under storage directly", np, cause)
+        self._warn(
+            f"fallback {ds.name}",
+            "no worker could serve %s (%s); reading under storage directly",
+            np,
+            cause,
+        )
         info = await ufs.info(np.rel)
         end = info.size if length < 0 else min(info.size, offset + length)
         data = await ufs.read(np.rel, offset, end) if end > offset else b""
@@ -588,7 +659,7 @@ class AsyncClient(HitBook):
                 todo.append((w, hit[0], due))
         if not todo:
             return
-        await asyncio.gather(*(self._locate(w, ds, dirs) for w, ds, dirs in todo))
+        await asyncio.gather(*(self._locate_or_suspect(w, ds, dirs) for w, ds, dirs in todo))
         for (dsname, _), items in groups.items():
             dset = self.cache.datasets[dsname][0]
             rest = []

@@ -3,6 +3,20 @@
 One request in flight per connection; a :class:`Pool` per worker keeps idle
 connections for reuse. Responses are received straight into their final buffer; on a
 Unix socket the first receive uses ``recvmsg`` to pick up handed-over descriptors.
+
+A worker closes connections idle longer than ``wire.IDLE_TIMEOUT``: the pool does not
+reuse connections idle that long, and a reused connection found closed before any byte
+of its answer came is replaced by a fresh one once, transparently (requests are
+idempotent, and one that got no answer was not served).
+
+A request has one deadline (the pool's timeout) for all it does. One that takes longer
+than a thirtieth of it (at least ``PROBE_MIN``: 1 s by default) makes the pool ask the
+worker for a ``HELLO`` on a fresh connection (answered on the worker's event loop at
+once, however busy its fetches are): a worker that does not answer that within the
+same time is taken to be hung
+(stopped, or its loop blocked) and the request fails with :class:`TimedOut` at once, so
+the caller fails over within seconds instead of waiting out the deadline; a live worker
+busy fetching keeps the request going (probed again every ``PROBE_EVERY``).
 """
 
 from __future__ import annotations
@@ -13,6 +27,7 @@ import contextlib
 import mmap
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +39,21 @@ from shoal.proto.wire import Op, Status
 _MIN_BUF = 1 << 20
 _MAX_BUF = 16 << 20
 _FD_ANC = socket.CMSG_SPACE(wire.MAX_FDS * array.array("i").itemsize)
+#: seconds a request runs before the worker's liveness is probed, and the probe's own
+#: timeout: a thirtieth of the request's deadline, at least PROBE_MIN (1 s for the
+#: default 30 s deadline: a hung worker is left within ~2 s)
+PROBE_MIN = 1.0
+#: the pause between probes while a live worker is still at the request
+PROBE_EVERY = 2.0
+#: idle pooled connections older than this part of the worker's idle timeout are not
+#: reused (the worker may be closing them right now)
+_REUSE_FOR = 0.8 * wire.IDLE_TIMEOUT
+
+
+class TimedOut(Unavailable):
+    """The worker did not answer in time (a deadline, or a failed liveness probe): it
+    is hung or overloaded, so asking it again another way (its TCP port after its Unix
+    socket) will not help."""
 
 
 @dataclass(slots=True)
@@ -42,6 +72,10 @@ class Connection:
         self._hdr = bytearray(wire.RESP_HDR.size)
         self._buf: mmap.mmap | None = None
         self.broken = False
+        #: whether any byte of the current call's answer has come
+        self.answered = False
+        #: monotonic time it went back to its pool
+        self.idle_since = 0.0
 
     def _buffer(self, n: int) -> memoryview:
         if n > _MAX_BUF:  # rare huge answers: a one-off buffer, not kept per connection
@@ -68,6 +102,9 @@ class Connection:
         except (OSError, TimeoutError) as exc:
             sock.close()
             raise Unavailable(f"cannot connect to worker at {_fmt(address)}: {exc}") from None
+        except BaseException:
+            sock.close()
+            raise
         if not unix:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with contextlib.suppress(OSError):
@@ -88,6 +125,7 @@ class Connection:
         """Send one request and read its response; errors from the worker are raised."""
         loop = asyncio.get_running_loop()
         self._req_id = (self._req_id + 1) & 0xFFFFFFFF
+        self.answered = False
         try:
             await loop.sock_sendall(self.sock, wire.encode_request(op, self._req_id, args))
             fds: list[int] = []
@@ -127,6 +165,7 @@ class Connection:
             n = await loop.sock_recv_into(self.sock, view)
             if n == 0:
                 raise EOFError("worker closed the connection")
+            self.answered = True
             view = view[n:]
 
     async def _recv_with_fds(self, view: memoryview, fds: list[int]) -> int:
@@ -145,6 +184,7 @@ class Connection:
                 continue
             if n == 0:
                 raise EOFError("worker closed the connection")
+            self.answered = True
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     a = array.array("i")
@@ -170,26 +210,124 @@ class Pool:
         self.size = size
         self.timeout = timeout
         self._idle: list[Connection] = []
+        #: the liveness probe in flight, shared by every slow request to this worker
+        self._probe: asyncio.Task[bool] | None = None
+        #: when a slow request's worker is probed, and how long its HELLO may take
+        self.probe_after = min(timeout, max(PROBE_MIN, timeout / 30))
 
-    async def call(self, op: Op, args: list[Any], want_fds: bool = False) -> Response:
-        conn = self._idle.pop() if self._idle else await Connection.open(self.address, self.timeout)
-        try:
-            async with asyncio.timeout(self.timeout):
-                resp = await conn.call(op, args, want_fds)
-        except TimeoutError:
-            conn.close()
-            raise Unavailable(f"worker at {_fmt(self.address)} timed out") from None
-        except ShoalError:
-            if not conn.broken and len(self._idle) < self.size:
-                self._idle.append(conn)
-            raise
-        if len(self._idle) < self.size:
+    def _take(self) -> Connection | None:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if now - conn.idle_since < _REUSE_FOR:
+                return conn
+            conn.close()  # the worker may be closing it: do not race it
+        return None
+
+    def _keep(self, conn: Connection) -> None:
+        if not conn.broken and len(self._idle) < self.size:
+            conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:
             conn.close()
-        return resp
+
+    async def call(self, op: Op, args: list[Any], want_fds: bool = False) -> Response:
+        watch: _Watch | None = None
+        try:
+            async with asyncio.timeout(self.timeout) as cm:
+                watch = _Watch(self, cm)
+                try:
+                    return await self._call(op, args, want_fds)
+                finally:
+                    watch.stop()
+        except TimeoutError:
+            if watch is not None and watch.hung:
+                raise TimedOut(
+                    f"worker at {_fmt(self.address)} does not answer (hung?): "
+                    f"no HELLO within {self.probe_after:.0f}s"
+                ) from None
+            raise TimedOut(f"worker at {_fmt(self.address)} timed out") from None
+
+    async def alive(self) -> bool:
+        """Whether the worker answers a HELLO on a fresh connection within probe_after
+        (one probe at a time per pool, shared by whoever asks meanwhile)."""
+        t = self._probe
+        if t is None or t.done():
+            t = self._probe = asyncio.get_running_loop().create_task(self._hello())
+        return await asyncio.shield(t)
+
+    async def _hello(self) -> bool:
+        try:
+            async with asyncio.timeout(self.probe_after):
+                conn = await Connection.open(self.address, self.probe_after)
+                try:
+                    await conn.call(Op.HELLO, [wire.VERSION])
+                finally:
+                    conn.close()
+        except (TimeoutError, Unavailable):
+            return False
+        except ShoalError:
+            pass  # it answered (with an error): alive
+        return True
+
+    async def _call(self, op: Op, args: list[Any], want_fds: bool) -> Response:
+        for attempt in (0, 1):
+            conn = self._take()
+            reused = conn is not None
+            if conn is None:
+                conn = await Connection.open(self.address, self.timeout)
+            try:
+                resp = await conn.call(op, args, want_fds)
+            except Unavailable:
+                conn.close()
+                if reused and not conn.answered and attempt == 0:
+                    continue  # closed while idle (by the worker's idle timeout): once more
+                raise
+            except ShoalError:
+                self._keep(conn)  # an error answer: the connection is fine
+                raise
+            except BaseException:
+                conn.close()  # a half-read answer (cancelled, timed out)
+                raise
+            self._keep(conn)
+            return resp
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         for c in self._idle:
             c.close()
         self._idle.clear()
+
+
+class _Watch:
+    """Probes the worker's liveness while one request to it runs longer than the pool's
+    probe_after; ends the request's deadline at once when the worker does not answer."""
+
+    def __init__(self, pool: Pool, cm: asyncio.Timeout) -> None:
+        self.pool = pool
+        self.cm = cm
+        self.hung = False
+        self.done = False
+        self.loop = asyncio.get_running_loop()
+        self.task: asyncio.Task[None] | None = None
+        self.handle = self.loop.call_later(pool.probe_after, self._start)
+
+    def _start(self) -> None:
+        if not self.done:
+            self.task = self.loop.create_task(self._probe())
+
+    async def _probe(self) -> None:
+        alive = await self.pool.alive()
+        if self.done:
+            return
+        if alive:
+            self.handle = self.loop.call_later(PROBE_EVERY, self._start)
+        else:
+            self.hung = True
+            self.cm.reschedule(self.loop.time())  # the request's deadline ends now
+
+    def stop(self) -> None:
+        self.done = True
+        self.handle.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()

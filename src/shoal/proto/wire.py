@@ -58,20 +58,80 @@ Paths are '<mount>/<relative path>' inside the dataset.
 
 from __future__ import annotations
 
+import os
 import struct
 from enum import IntEnum
 from typing import Any
 
 import msgpack
 
-from shoal.errors import ProtocolError, ShoalError, from_code
+from shoal.errors import InvalidArgument, ProtocolError, ShoalError, from_code
 
 VERSION = 1
 REQ_HDR = struct.Struct("<IBI")  # body_len, op, req_id
 RESP_HDR = struct.Struct("<BIIIQ")  # status, req_id, epoch, meta_len, data_len
-MAX_BODY = 64 << 20
 #: most file descriptors one LOCATE answer carries
 MAX_FDS = 250  # SCM_MAX_FD is 253
+
+
+def _limit(name: str, default: int | float) -> Any:
+    """A limit, overridden by ``SHOAL_WIRE_<NAME>`` in the worker's environment (for
+    tests, and for operators who know better); an unusable value keeps the default."""
+    raw = os.environ.get(f"SHOAL_WIRE_{name}")
+    if raw is None:
+        return default
+    try:
+        value = type(default)(float(raw)) if isinstance(default, int) else float(raw)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+# -- limits ----------------------------------------------------------------------------
+#
+# What a worker accepts from one peer, all checked with integer comparisons before any
+# work (see shoal.worker.server.Conn), so that no frame, however crafted, makes the
+# worker buffer, allocate or loop without bound:
+#
+# - a request's body is at most MAX_REQUEST bytes (MAX_REQUEST_LARGE for BATCH and
+#   TOUCH, which carry lists); a frame that claims more is answered with the protocol
+#   error and the connection is closed before any of its body is buffered (the stream
+#   cannot be resynchronised without reading it);
+# - all connections together buffer at most MAX_BUFFERED bytes of incomplete frames; a
+#   frame that would take more is refused the same way (``unavailable``: the client
+#   tries another worker);
+# - one peer (a TCP remote address; on the Unix socket, a uid) holds at most
+#   CONNS_PER_PEER connections, and the worker at most MAX_CONNS (and never more than a
+#   quarter of its descriptor limit: each takes two); connections past either are
+#   closed at once;
+# - a connection with no request in flight and no bytes received for IDLE_TIMEOUT
+#   seconds is closed (a client's pool reconnects transparently);
+# - a connection whose peer sends while its request is in flight, or does not take its
+#   answers, is not read until it does (one request in flight per connection: no
+#   client sends ahead), so neither requests nor answers pile up in the worker;
+# - lists are bounded: MAX_BATCH paths per BATCH, MAX_TOUCH_ITEMS items per TOUCH,
+#   MAX_TOUCH_PAGES pages bumped per TOUCH item (and 4x that per frame), MAX_AHEAD_PAGES
+#   pages a LOCATE looks ahead; arguments have the types and ranges of their op, else
+#   the protocol error (the frame's length is known, so the connection goes on).
+#
+# A refusal is logged aggregated (one line per interval, with a count). Responses are
+# not capped here: they are what the worker chose to send (a READ of a whole large
+# file is one answer). SHOAL_WIRE_<NAME> in the worker's environment overrides the
+# limits read with _limit (tests use small ones).
+
+MAX_REQUEST: int = _limit("MAX_REQUEST", 1 << 20)
+#: a BATCH of MAX_BATCH paths of ~2 KB, or a TOUCH of MAX_TOUCH_ITEMS items of ~120 B
+MAX_REQUEST_LARGE: int = _limit("MAX_REQUEST_LARGE", 8 << 20)
+#: the largest request body any op may have
+MAX_BODY: int = max(MAX_REQUEST, MAX_REQUEST_LARGE)
+MAX_BUFFERED: int = _limit("MAX_BUFFERED", 256 << 20)
+CONNS_PER_PEER: int = _limit("CONNS_PER_PEER", 1024)
+MAX_CONNS: int = _limit("MAX_CONNS", 16384)
+IDLE_TIMEOUT: float = _limit("IDLE_TIMEOUT", 300.0)
+MAX_BATCH = 4096
+MAX_TOUCH_ITEMS = 65536
+MAX_TOUCH_PAGES = 4096
+MAX_AHEAD_PAGES = 4096
 
 
 class Op(IntEnum):
@@ -133,3 +193,91 @@ def check_op(op: int) -> Op:
         return Op(op)
     except ValueError:
         raise ProtocolError(f"unknown op {op}") from None
+
+
+#: ops whose requests may be MAX_REQUEST_LARGE
+_LARGE_OPS = frozenset({5, 7})  # BATCH, TOUCH
+
+
+def max_request(op: int) -> int:
+    """The largest body a request of ``op`` (checked or not) may have."""
+    return MAX_REQUEST_LARGE if op in _LARGE_OPS else MAX_REQUEST
+
+
+_NONE = type(None)
+_S: tuple[type, ...] = (str,)
+_I: tuple[type, ...] = (int,)
+_SN: tuple[type, ...] = (str, _NONE)
+_IN: tuple[type, ...] = (int, _NONE)
+_BN: tuple[type, ...] = (bool, int, _NONE)
+_L: tuple[type, ...] = (list,)
+_ANY: tuple[type, ...] = (object,)
+
+#: op -> (arguments it needs, types of each argument it knows); more are ignored
+_ARGS: dict[Op, tuple[int, tuple[tuple[type, ...], ...]]] = {
+    Op.HELLO: (0, (_ANY,)),
+    Op.STAT: (2, (_S, _S, _IN)),
+    Op.LIST: (2, (_S, _S, _IN)),
+    Op.READ: (5, (_S, _S, _I, _I, _SN, _IN, _IN)),
+    Op.BATCH: (2, (_S, _L, _IN)),
+    Op.LOCATE: (5, (_S, _S, _SN, _I, _I, _BN, _IN, _IN, _IN)),
+    Op.TOUCH: (2, (_S, _L)),
+    Op.DROP: (4, (_S, _S, _S, _I)),
+    Op.LOCATE_DIR: (2, (_S, _SN, _IN, _IN)),
+}
+#: positions of integer arguments that must not be negative (length may be -1)
+_NON_NEGATIVE: dict[Op, tuple[int, ...]] = {
+    Op.READ: (2, 5, 6),
+    Op.LOCATE: (3, 6, 7, 8),
+    Op.DROP: (3,),
+    Op.LOCATE_DIR: (2, 3),
+    Op.STAT: (2,),
+    Op.LIST: (2,),
+    Op.BATCH: (2,),
+}
+_LENGTH_ARG = {Op.READ: 3, Op.LOCATE: 4}
+_I64 = 1 << 63
+
+
+def check_args(op: Op, args: Any) -> list[Any]:
+    """``args`` if they have the shape ``op`` needs (types, counts, ranges), else
+    ProtocolError. Cheap (isinstance in C over the arguments, a few comparisons): it
+    runs on every request."""
+    if type(args) is not list:
+        raise ProtocolError("request body is not a list")
+    need, types = _ARGS[op]
+    n = len(args)
+    if n < need:
+        raise ProtocolError(f"{op.name} needs {need} arguments, got {n}")
+    if not all(map(isinstance, args, types)):
+        for i, t in enumerate(types[:n]):
+            if not isinstance(args[i], t):
+                got = type(args[i]).__name__
+                raise ProtocolError(f"{op.name} argument {i}: {got} not expected")
+    for i in _NON_NEGATIVE.get(op, ()):
+        if i < n and args[i] is not None and not 0 <= args[i] < _I64:
+            raise ProtocolError(f"{op.name} argument {i}: {args[i]} out of range")
+    j = _LENGTH_ARG.get(op)
+    if j is not None and not -1 <= args[j] < _I64:
+        raise ProtocolError(f"{op.name}: length {args[j]} out of range")
+    if op == Op.BATCH:
+        if len(args[1]) > MAX_BATCH:  # a caller's mistake more than a malformed frame
+            raise InvalidArgument(f"batch of {len(args[1])} files: at most {MAX_BATCH}")
+        for p in args[1]:
+            if not isinstance(p, str):
+                raise ProtocolError("BATCH paths must be strings")
+    elif op == Op.TOUCH:
+        items = args[1]
+        if len(items) > MAX_TOUCH_ITEMS:
+            raise ProtocolError(f"TOUCH of {len(items)} items: at most {MAX_TOUCH_ITEMS}")
+        for it in items:
+            if not (
+                isinstance(it, list)
+                and len(it) >= 4
+                and isinstance(it[0], str)
+                and isinstance(it[1], str | _NONE)
+                and isinstance(it[2], int)
+                and isinstance(it[3], int)
+            ):
+                raise ProtocolError("TOUCH items are [path, version, pages, bytes]")
+    return args

@@ -11,7 +11,11 @@ shoal_cached_bytes                 gauge    bytes cached, by dataset
 shoal_cached_files                 gauge    files (versions) cached, by dataset
 shoal_tier_capacity_bytes          gauge    by tier
 shoal_tier_used_bytes              gauge    by tier
-shoal_corrupt_pages_total          counter  pages dropped for a bad checksum
+shoal_corrupt_pages_total          counter  pages dropped for a bad checksum (a reader's
+                                            report is honoured only if the worker's own
+                                            check of the page fails too)
+shoal_refused_drops_total          counter  reports of a bad page whose bytes were good
+                                            (ignored, nothing refetched)
 shoal_ufs_requests_total           counter  under-storage GETs issued
 =================================  =======  ==========================================
 """
@@ -57,9 +61,13 @@ class WorkerCollector(Collector):
             used.add_metric([t["name"]], t["used"])
         corrupt = CounterMetricFamily("shoal_corrupt_pages", "Pages dropped for a bad checksum")
         corrupt.add_metric([], s.get("corrupt_pages", 0))
+        refused = CounterMetricFamily(
+            "shoal_refused_drops", "Reports of a bad page whose bytes were good (ignored)"
+        )
+        refused.add_metric([], s.get("refused_drops", 0))
         ufs = CounterMetricFamily("shoal_ufs_requests", "Under-storage GETs issued")
         ufs.add_metric([], s.get("ufs_requests", 0))
-        yield from (read, hits, misses, cbytes, cfiles, cap, used, corrupt, ufs)
+        yield from (read, hits, misses, cbytes, cfiles, cap, used, corrupt, refused, ufs)
 
 
 def render(snapshot: Callable[[], dict[str, Any]]) -> bytes:

@@ -5,6 +5,17 @@ Requests whose answer is already cached are answered synchronously inside
 ``data_received`` (no task, no await); the rest run as a task. Cached bytes leave with
 ``os.sendfile`` straight from the page store's files when the socket can take them, and
 local clients get open descriptors (SCM_RIGHTS) instead of bytes.
+
+Hostile or broken peers (issue 10) meet the limits of shoal.proto.wire, all checked
+with integer comparisons before any work: a frame over its op's size cap is refused
+before its body is buffered, all connections together buffer at most
+``wire.MAX_BUFFERED`` bytes of incomplete frames, a peer holds at most
+``wire.CONNS_PER_PEER`` connections, idle connections are closed after
+``wire.IDLE_TIMEOUT``, and arguments are checked for type, count and range
+(``wire.check_args``). A malformed frame whose length is known gets the protocol error
+and the connection goes on; one that breaks the framing gets the error and a close.
+Refusals are logged aggregated (one line per interval with a count), never a traceback
+per frame. A ``DROP`` is honoured only if the worker's own check of the page fails.
 """
 
 from __future__ import annotations
@@ -13,7 +24,9 @@ import array
 import asyncio
 import logging
 import os
+import resource
 import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,17 +42,19 @@ from shoal.errors import (
     ProtocolError,
     ShoalError,
     StaleLayout,
+    Unavailable,
 )
 from shoal.proto import wire
 from shoal.proto.wire import Op, Status
 from shoal.store.base import Location
+from shoal.store.space import Aggregated
 from shoal.worker.handover import DirAnswers, Handover
 from shoal.worker.loader import Loader, Pages, Piece, fits
 from shoal.worker.stats import Stats
 
 log = logging.getLogger("shoal.worker.server")
 
-_BATCH_MAX = 4096
+_BATCH_MAX = wire.MAX_BATCH
 #: a whole dataset's locations are handed over in one answer up to this many files
 DATASET_LOCATE_MAX = 100_000
 
@@ -65,6 +80,36 @@ def _ahead(args: list[Any]) -> int:
     return int(args[6]) if len(args) > 6 and args[6] else 0
 
 
+def _verify(loc: Location) -> bool:
+    """Whether the page's bytes on disk still match their checksum (False if unreadable);
+    run in a thread: it reads a whole page."""
+    try:
+        fd = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        data = os.pread(fd, loc.length, loc.offset)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return len(data) == loc.length and xxhash.xxh3_64_intdigest(data) == loc.checksum
+
+
+def _max_conns() -> int:
+    """Connections the worker accepts in all: wire.MAX_CONNS, and never more than a
+    quarter of its descriptor limit (each connection takes two, and the page store and
+    handed-over answers need the rest)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return wire.MAX_CONNS
+    return max(16, min(wire.MAX_CONNS, soft // 4))
+
+
+#: seconds between aggregated log lines of one kind of refusal
+LOG_EVERY = 10.0
+
+
 #: where each op that reads pages carries the page size (layout) the reader assumes
 _LAYOUT_ARG = {Op.READ: 5, Op.LOCATE: 7, Op.LOCATE_DIR: 2}
 #: where ops carry the dataset generation the reader knows (a worker behind it catches up)
@@ -81,7 +126,7 @@ _CATCH_UP_TRIES = 3
 _REFRESH_PAUSE = 0.2
 _GIVE_UP_FOR = 2.0
 #: pages one TOUCH item may bump (bounds the work of one frame)
-_TOUCH_PAGES_MAX = 4096
+_TOUCH_PAGES_MAX = wire.MAX_TOUCH_PAGES
 
 
 class DataService:
@@ -98,6 +143,71 @@ class DataService:
         self.dirs = DirAnswers(self._locations_stamp)
         #: dataset -> when catching up with a reader's definitions last failed
         self._gave_up: dict[str, float] = {}
+        #: open connections, connections per peer, bytes reserved by incomplete frames
+        self.conns: set[Conn] = set()
+        self.peers: dict[Any, int] = {}
+        self.buffered = 0
+        self.max_conns = _max_conns()
+        self._sweeping = False
+        #: refusals and internal errors, logged one line per interval with a count
+        self.notes = Aggregated(log, LOG_EVERY)
+        self._internal_at = -LOG_EVERY
+        self._internal_quiet = 0
+
+    def note(self, kind: str, detail: str) -> None:
+        """Log a refused frame or connection, aggregated (one line per LOG_EVERY s)."""
+        self.notes.note(kind, f"%d {kind} in the last %.0fs (last: %s)", detail)
+
+    def internal(self, op: Op, exc: Exception) -> ShoalError:
+        """An unexpected error serving ``op``: its traceback is logged at most once per
+        LOG_EVERY seconds (the others are counted in the next one)."""
+        now = time.monotonic()
+        if now - self._internal_at >= LOG_EVERY:
+            more = f" ({self._internal_quiet} more not shown)" if self._internal_quiet else ""
+            log.error("internal error serving %s%s", op.name, more, exc_info=exc)
+            self._internal_at, self._internal_quiet = now, 0
+        else:
+            self._internal_quiet += 1
+        return ShoalError(f"internal error in worker serving {op.name}")
+
+    # -- connections ------------------------------------------------------------------
+
+    def admit(self, conn: Conn, peer: Any) -> bool:
+        """Take a new connection, unless its peer or the worker has too many."""
+        n = self.peers.get(peer, 0)
+        if n >= wire.CONNS_PER_PEER:
+            self.note("connections refused", f"{peer}: already {n} connections")
+            return False
+        if len(self.conns) >= self.max_conns:
+            self.note(
+                "connections refused", f"{peer}: the worker has {len(self.conns)} connections"
+            )
+            return False
+        self.peers[peer] = n + 1
+        self.conns.add(conn)
+        if not self._sweeping:
+            self._sweeping = True
+            asyncio.get_running_loop().call_later(wire.IDLE_TIMEOUT / 4, self._sweep)
+        return True
+
+    def release(self, conn: Conn, peer: Any) -> None:
+        if conn in self.conns:
+            self.conns.discard(conn)
+            n = self.peers.get(peer, 1) - 1
+            if n > 0:
+                self.peers[peer] = n
+            else:
+                self.peers.pop(peer, None)
+
+    def _sweep(self) -> None:
+        """Close connections that received nothing for IDLE_TIMEOUT seconds (checked
+        every quarter of it) while no request of theirs was in flight."""
+        for conn in list(self.conns):
+            conn.sweep()
+        if self.conns:
+            asyncio.get_running_loop().call_later(wire.IDLE_TIMEOUT / 4, self._sweep)
+        else:
+            self._sweeping = False
 
     def _locations_stamp(self) -> tuple[int, int] | None:
         changes = self.loader.store.changes()
@@ -169,10 +279,6 @@ class DataService:
             return self._locate_dir(args[0], args[1])
         if op == Op.TOUCH:
             return self._touch(args[0], args[1])
-        if op == Op.DROP:
-            key = FileKey(args[0], args[1], args[2]).page(int(args[3]))
-            self.loader.store.drop_corrupt(key)  # counted by the store
-            return Reply({})
         if op == Op.HELLO:
             return Reply(
                 {
@@ -195,6 +301,8 @@ class DataService:
             return await self._handle(op, args, local)
 
     async def _handle(self, op: Op, args: list[Any], local: bool) -> Reply:
+        if op == Op.DROP:
+            return await self._drop(args[0], args[1], args[2], args[3])
         await self._check_layout(op, args)
         if op == Op.LOCATE_DIR:
             return self._locate_dir(args[0], args[1])
@@ -213,6 +321,23 @@ class DataService:
         if op == Op.LIST:
             return Reply([e.to_wire() for e in await self.loader.ls(args[0], args[1])])
         raise ProtocolError(f"op {op.name} not handled")
+
+    async def _drop(self, dataset: str, path: str, version: str, index: int) -> Reply:
+        """A reader says this page failed its checksum: drop (and count) it only if the
+        worker's own check of the bytes on disk fails too. Anyone can send a DROP, so a
+        good page stays (counted as a refused drop) and nothing is refetched for it."""
+        key = FileKey(dataset, path, version).page(index)
+        store = self.loader.store
+        loc = store.peek(key)
+        if loc is None:
+            return Reply({})
+        if await asyncio.to_thread(_verify, loc):
+            self.stats.refused_drops += 1
+            self.note("drops of a good page refused", f"/{dataset}/{path} page {index}")
+            return Reply({})
+        if store.peek(key) == loc:  # still the bytes just checked
+            store.drop_corrupt(key)  # counted by the store
+        return Reply({})
 
     def _read_reply(self, dataset: str, pages: Pages, local: bool) -> Reply:
         total = sum(_piece_len(p) for p in pages.pieces)
@@ -236,7 +361,8 @@ class DataService:
         if ahead > 0 and pieces:
             ds = self.loader.table.get(dataset)
             ps = ds.policy.page_size
-            last = min(page_count(pages.info.size, ps), pages.first + len(pieces) + ahead // ps)
+            more = min(ahead // ps, wire.MAX_AHEAD_PAGES)
+            last = min(page_count(pages.info.size, ps), pages.first + len(pieces) + more)
             for i in range(pages.first + len(pieces), last):
                 # peek: the client reports what it reads
                 loc = self.loader.located(ds, pages.info, i, peek=True)
@@ -369,6 +495,16 @@ class Conn(asyncio.Protocol):
         self.busy = False
         self.transport: asyncio.Transport | None = None
         self._raw: socket.socket | None = None
+        self.peer: Any = None
+        #: bytes of service.buffered this connection holds for an incomplete frame
+        self.reserved = 0
+        #: data_received calls so far, and at the last idle sweep; sweeps seen quiet
+        self.ticks = 0
+        self._swept_ticks = 0
+        self._quiet = 0
+        #: reading paused (a request in flight or answers not taken); writing paused
+        self._paused = False
+        self._wpaused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -380,53 +516,148 @@ class Conn(asyncio.Protocol):
                 self._raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             except OSError:
                 pass
+        peer = self._peer(transport)
+        if not self.service.admit(self, peer):
+            self._close()
+            return
+        self.peer = peer
+
+    def _peer(self, transport: asyncio.BaseTransport) -> Any:
+        """Who is at the other end: the remote address over TCP, the uid on the Unix
+        socket (connections are counted per peer)."""
+        if self.local:
+            if self._raw is not None:
+                try:
+                    cred = self._raw.getsockopt(
+                        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+                    )
+                    return ("uid", struct.unpack("3i", cred)[1])
+                except OSError:
+                    pass
+            return ("uid", None)
+        name = transport.get_extra_info("peername")
+        return name[0] if isinstance(name, tuple) and name else name
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._raw is not None:
             self._raw.close()
             self._raw = None
         self.transport = None
+        self._unreserve()
+        if self.peer is not None:
+            self.service.release(self, self.peer)
+            self.peer = None
+        self.buf = bytearray()
+
+    def _close(self) -> None:
+        t = self.transport
+        if t is not None:
+            self.transport = None  # nothing more is read or answered
+            t.close()
+
+    def sweep(self) -> None:
+        """Called every quarter of the idle timeout: close this connection once it has
+        received nothing for four sweeps in a row with no request in flight."""
+        if self.busy or self.ticks != self._swept_ticks:
+            self._swept_ticks = self.ticks
+            self._quiet = 0
+            return
+        self._quiet += 1
+        if self._quiet >= 4:
+            self._close()
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return  # refused or closing: nothing more is read
+        self.ticks += 1
         self.buf += data
+        if self.busy or self._wpaused:
+            # one request in flight per connection, and its answer not yet taken: no
+            # client sends ahead, so whoever does is held to what the kernel buffers
+            if not self._paused:
+                self.transport.pause_reading()
+                self._paused = True
+            return
         self._next()
 
+    def pause_writing(self) -> None:
+        """The peer does not take its answers: read no more requests until it does."""
+        self._wpaused = True
+
+    def resume_writing(self) -> None:
+        self._wpaused = False
+        self._go_on()
+
+    def _go_on(self) -> None:
+        if self.busy or self._wpaused or self.transport is None:
+            return
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        self._next()
+
+    def _unreserve(self) -> None:
+        if self.reserved:
+            self.service.buffered -= self.reserved
+            self.reserved = 0
+
     def _next(self) -> None:
-        while not self.busy and self.transport is not None:
-            if len(self.buf) < wire.REQ_HDR.size:
+        hdr = wire.REQ_HDR.size
+        while not self.busy and not self._wpaused and self.transport is not None:
+            buf = self.buf
+            if len(buf) < hdr:
                 return
-            body_len, op_raw, req_id = wire.REQ_HDR.unpack_from(self.buf)
-            if body_len > wire.MAX_BODY:
+            body_len, op_raw, req_id = wire.REQ_HDR.unpack_from(buf)
+            if body_len > wire.max_request(op_raw):
+                # the framing cannot be trusted past this: answer and close, unread
+                self.service.note("oversized frames refused", f"{self.peer}: {body_len} bytes")
                 self._fatal(req_id, ProtocolError(f"request of {body_len} bytes is too large"))
                 return
-            end = wire.REQ_HDR.size + body_len
-            if len(self.buf) < end:
+            end = hdr + body_len
+            if len(buf) < end:
+                if end > self.reserved:  # hold room for the whole frame, or refuse it
+                    svc = self.service
+                    if svc.buffered - self.reserved + end > wire.MAX_BUFFERED:
+                        svc.note("frames over the buffer cap refused", f"{self.peer}: {end} bytes")
+                        self._fatal(req_id, Unavailable("worker busy: too many bytes buffered"))
+                        return
+                    svc.buffered += end - self.reserved
+                    self.reserved = end
                 return
+            body = buf[hdr:end]  # a copy: no view of buf may outlive the resize below
+            del buf[:end]
+            if self.reserved:
+                self._unreserve()
+                if not buf:
+                    self.buf = bytearray()  # give back a large frame's room
             try:
                 op = wire.check_op(op_raw)
-                args = wire.unpack(memoryview(self.buf)[wire.REQ_HDR.size : end])
-                if not isinstance(args, list):
-                    raise ProtocolError("request body is not a list")
-            except (ProtocolError, ValueError) as exc:
-                del self.buf[:end]
-                self._fatal(
-                    req_id, exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc))
-                )
-                return
-            del self.buf[:end]
+                args = wire.check_args(op, wire.unpack(body))
+            except Exception as exc:  # any malformed body: its length is known, go on
+                err = exc if isinstance(exc, ShoalError) else ProtocolError(f"bad body: {exc}")
+                self.service.note("malformed requests refused", f"{self.peer}: {err.message}")
+                self._send_error(req_id, err)
+                continue
             try:
                 reply = self.service.try_fast(op, args, self.local)
             except ShoalError as exc:
                 self._send_error(req_id, exc)
                 continue
+            except (IndexError, TypeError, ValueError) as exc:
+                self._send_error(req_id, self._bad_args(op, exc))
+                continue
             except Exception as exc:
-                self._send_error(req_id, self._internal(op, exc))
+                self._send_error(req_id, self.service.internal(op, exc))
                 continue
             if reply is not None:
-                self._send(req_id, reply)
+                self._answer(op, req_id, reply)
                 continue
             self.busy = True
             asyncio.get_running_loop().create_task(self._slow(op, req_id, args))
+
+    def _bad_args(self, op: Op, exc: Exception) -> ShoalError:
+        self.service.note("malformed requests refused", f"{self.peer}: {op.name}: {exc!r}")
+        return ProtocolError(f"bad arguments for {op.name}: {exc}")
 
     async def _slow(self, op: Op, req_id: int, args: list[Any]) -> None:
         try:
@@ -434,27 +665,35 @@ class Conn(asyncio.Protocol):
         except ShoalError as exc:
             self._send_error(req_id, exc)
         except (IndexError, TypeError, ValueError) as exc:
-            self._send_error(req_id, ProtocolError(f"bad arguments for {op.name}: {exc}"))
+            self._send_error(req_id, self._bad_args(op, exc))
         except Exception as exc:
-            self._send_error(req_id, self._internal(op, exc))
+            self._send_error(req_id, self.service.internal(op, exc))
         else:
-            self._send(req_id, reply)
+            self._answer(op, req_id, reply)
         finally:
             self.busy = False
-        self._next()
-
-    def _internal(self, op: Op, exc: Exception) -> ShoalError:
-        log.error("internal error serving %s", op.name, exc_info=exc)
-        return ShoalError(f"internal error in worker serving {op.name}")
+        self._go_on()
 
     def _fatal(self, req_id: int, exc: ShoalError) -> None:
         self._send_error(req_id, exc)
-        if self.transport is not None:
-            self.transport.close()
+        self._unreserve()
+        self._close()
 
     def _send_error(self, req_id: int, exc: ShoalError) -> None:
         if self.transport is not None:
             self.transport.write(wire.encode_error(req_id, self.service.epoch, exc))
+
+    def _answer(self, op: Op, req_id: int, reply: Reply) -> None:
+        """Send a reply; a connection that cannot take it is closed (never an exception
+        out of the protocol's callbacks: the loop would log a traceback per frame)."""
+        try:
+            self._send(req_id, reply)
+        except OSError as exc:
+            self.service.note("answers that could not be sent", f"{self.peer}: {op.name}: {exc}")
+            self._close()
+        except Exception as exc:
+            self.service.internal(op, exc)
+            self._close()
 
     def _send(self, req_id: int, reply: Reply) -> None:
         t = self.transport

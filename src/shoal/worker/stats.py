@@ -23,6 +23,8 @@ class DatasetCounters:
 class Stats:
     def __init__(self) -> None:
         self.datasets: dict[str, DatasetCounters] = {}
+        #: DROPs of a page whose bytes the worker found good (ignored: anyone can send one)
+        self.refused_drops = 0
 
     def _ds(self, name: str) -> DatasetCounters:
         c = self.datasets.get(name)
