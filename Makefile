@@ -6,7 +6,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEBS := procps
+DEBS := procps iproute2
 
 BENCH_DEBS := ceph ceph-mon ceph-osd ceph-mgr radosgw rclone s3fs fuse3 iproute2
 

@@ -147,11 +147,6 @@ def test_sigstopped_local_worker_fails_over_within_a_deadline(
     assert elapsed <= FAILOVER_BOUND, f"reads took {elapsed:.1f}s with a hung worker"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="new finding (not in issue 10): a read that finds every owner unreachable "
-    "(one dead, one restarted on a new port) fails instead of refreshing the ring and retrying",
-)
 @pytest.mark.timeout(90)
 def test_replica_serves_when_the_other_owner_restarted_moments_ago(
     moto: MotoServer, cluster2: TestCluster, bucket: str, figures: Figures

@@ -30,6 +30,30 @@ def default_dir() -> Path:
     return shoal_home() / "cluster"
 
 
+async def _ring_reaches(master: str, n: int, timeout: float) -> bool:
+    """Poll the master's ring until it has ``n`` workers; False after ``timeout``."""
+    import asyncio
+
+    import aiohttp
+
+    from shoal.proto.control import ring_from_response
+    from shoal.proto.master_api import MasterAPI
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        master_api = MasterAPI(master, lambda: http)
+        while loop.time() < deadline:
+            try:
+                if len(ring_from_response(await master_api.ring()).members) == n:
+                    return True
+            except ShoalError:
+                pass  # not up yet, or restarting: ask again
+            # the master offers no event for "a worker joined": poll, as briefly as before
+            await asyncio.sleep(0.05)
+    return False
+
+
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,13 +95,18 @@ class LocalCluster:
 
     # -- processes ------------------------------------------------------------------
 
+    def command(self, name: str, args: list[str]) -> list[str]:
+        """The argv that runs ``shoal ARGS`` as process ``name``; a subclass may wrap it
+        (``ip netns exec``) or append flags (argparse: the last of a repeated one wins)."""
+        return [sys.executable, "-m", "shoal", *args]
+
     def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.dir / f"{name}.log"
         env = dict(os.environ)
         env.update(self.env)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "shoal", *args],
+                self.command(name, args),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -159,18 +188,12 @@ class LocalCluster:
         return self.master_url
 
     def wait_ring(self, n: int, timeout: float = 20.0) -> None:
-        import urllib.request
+        """Return once the master's ring has ``n`` workers; Unavailable after ``timeout``.
+        Called from synchronous code (the CLI, test fixtures), never inside a loop."""
+        import asyncio
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.master_url + "/api/v1/ring", timeout=2) as r:
-                    if len(json.loads(r.read())["workers"]) == n:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise Unavailable(f"{n} workers did not join the ring within {timeout:.0f}s")
+        if not asyncio.run(_ring_reaches(self.master_url, n, timeout)):
+            raise Unavailable(f"{n} workers did not join the ring within {timeout:.0f}s")
 
     def save(self) -> None:
         state = {"master": self.master_url, "pids": self.pids, "workers": self.workers}

@@ -40,7 +40,7 @@ from shoal.errors import (
     Unavailable,
     from_code,
 )
-from shoal.proto.wire import Op
+from shoal.proto.wire import MAX_BATCH, Op
 from shoal.ufs.base import UnderStore
 from shoal.ufs.registry import open_store
 
@@ -84,7 +84,7 @@ class AsyncClient(HitBook):
                 self._refresh_soon()
             return hit[0]
         try:
-            ds = Dataset.from_dict(await self._master("GET", f"/api/v1/datasets/{name}"))
+            ds = await self.fetch_dataset(name)
         except Unavailable:
             if hit is not None:
                 return hit[0]  # the master is down: keep serving what we know
@@ -98,16 +98,7 @@ class AsyncClient(HitBook):
     # -- ring -----------------------------------------------------------------------
 
     async def refresh_ring(self) -> Ring:
-        data = await self._master("GET", "/api/v1/ring")
-        gen = data.get("datasets_generation")
-        self._ring_datasets_gen = int(gen) if isinstance(gen, int) else None
-        workers = {
-            w["id"]: WorkerAddr(
-                w["id"], w["host"], int(w["port"]), w.get("uds") or "", w.get("node") or ""
-            )
-            for w in data["workers"]
-        }
-        ring = Ring.build(int(data["epoch"]), workers, int(data.get("vnodes", 128)))
+        ring, workers, self._ring_datasets_gen = await self.fetch_ring()
         c = self.cache
         if c.ring is None or ring.epoch >= c.ring.epoch:
             c.workers.update(workers)
@@ -635,8 +626,13 @@ class AsyncClient(HitBook):
             groups.setdefault((ds.name, owners[0].id), []).append((p, np))
         await self._locate_dirs(groups, out)
         self._flush_touches_maybe()
+        # a worker takes at most MAX_BATCH paths per BATCH: larger groups go in chunks
         await asyncio.gather(
-            *(self._batch(ds, wid, items, out) for (ds, wid), items in groups.items() if items)
+            *(
+                self._batch(ds, wid, items[i : i + MAX_BATCH], out)
+                for (ds, wid), items in groups.items()
+                for i in range(0, len(items), MAX_BATCH)
+            )
         )
         return out
 

@@ -6,54 +6,59 @@ it; nothing here is on the read path except the dataset lookups a new client mak
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import aiohttp
 
-from shoal.client.cache import ClientCache
+from shoal.client.cache import ClientCache, WorkerAddr
 from shoal.config import ClientSettings
 from shoal.core.manifest import Manifest
+from shoal.core.ring import Ring
 from shoal.core.types import NEVER, Dataset, Mount
-from shoal.errors import ProtocolError, Unavailable, from_code
+from shoal.errors import ProtocolError, ShoalError, Unavailable
 from shoal.proto import control as api
-from shoal.proto.control import WATCH, WATCH_MAX_TIMEOUT
+from shoal.proto.master_api import MasterAPI
 
 
 class ControlPlane:
-    """Master calls over one aiohttp session (created on first use)."""
+    """Master calls through one :class:`~shoal.proto.master_api.MasterAPI` over one
+    aiohttp session (created on first use, again after it was closed)."""
 
     def __init__(self, settings: ClientSettings, cache: ClientCache) -> None:
         self.settings = settings
         self.cache = cache
         self._http: aiohttp.ClientSession | None = None
+        self.api = MasterAPI(settings.master, self._session)
 
     async def dataset(self, name: str, refresh: bool = False) -> Dataset:
         raise NotImplementedError  # the data path decides how datasets are cached
 
-    async def _session(self) -> aiohttp.ClientSession:
+    def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, connect=5))
         return self._http
 
-    async def _master(self, method: str, path: str, body: Any = None) -> Any:
-        http = await self._session()
-        url = self.settings.master + path
+    async def fetch_dataset(self, name: str) -> Dataset:
+        """The dataset's definition from the master (no caching here)."""
+        return Dataset.from_dict(dict(await self.api.dataset(name)))
+
+    async def fetch_ring(self) -> tuple[Ring, dict[str, WorkerAddr], int | None]:
+        """The master's ring, its workers' addresses and the datasets generation it
+        was answered at (None from a master that does not say)."""
+        body = await self.api.ring()
+        ring = api.ring_from_response(body)
         try:
-            async with http.request(method, url, json=body) as r:
-                status, reason = r.status, r.reason
-                raw = await r.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise Unavailable(f"master at {self.settings.master} unreachable: {exc}") from None
-        try:
-            data = json.loads(raw) if raw else None
-        except ValueError:
-            raise ProtocolError(f"master at {self.settings.master} sent non-JSON") from None
-        if status >= 400:
-            err = data.get("error", {}) if isinstance(data, dict) else {}
-            raise from_code(str(err.get("code", "io")), str(err.get("message", reason)))
-        return data
+            workers = {
+                w["id"]: WorkerAddr(
+                    w["id"], w["host"], int(w["port"]), w.get("uds") or "", w.get("node") or ""
+                )
+                for w in body["workers"]
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed ring answer from the master: {exc!r}") from None
+        gen = body.get("datasets_generation")
+        return ring, workers, gen if isinstance(gen, int) else None
 
     async def create_dataset(
         self, name: str, mounts: list[Mount], options: dict[str, str] | None = None
@@ -61,21 +66,19 @@ class ControlPlane:
         from shoal.core.types import CachePolicy
 
         ds = Dataset(name, tuple(mounts), CachePolicy().with_options(options or {}))
-        return Dataset.from_dict(await self._master("POST", api.DATASETS, ds.to_dict()))
+        return Dataset.from_dict(dict(await self.api.create_dataset(ds.to_dict())))
 
     async def update_dataset(self, name: str, options: dict[str, str]) -> Dataset:
         current = await self.dataset(name, refresh=True)
         policy = current.policy.with_options(options)
-        d = await self._master("PATCH", api.dataset_path(name), {"policy": policy.to_dict()})
-        return Dataset.from_dict(d)
+        return Dataset.from_dict(dict(await self.api.update_dataset(name, policy.to_dict())))
 
     async def delete_dataset(self, name: str) -> None:
-        await self._master("DELETE", api.dataset_path(name))
+        await self.api.delete_dataset(name)
         self.cache.datasets.pop(name, None)
 
     async def datasets(self) -> list[Dataset]:
-        data = await self._master("GET", api.DATASETS)
-        out = [Dataset.from_dict(d) for d in data["datasets"]]
+        out = [Dataset.from_dict(dict(d)) for d in await self.api.datasets()]
         now = time.monotonic()
         for ds in out:
             self._install(ds, now)
@@ -90,20 +93,19 @@ class ControlPlane:
     # -- jobs -----------------------------------------------------------------------
 
     async def submit_job(self, spec: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
-        body = {"spec": spec, "schedule": schedule}
-        return await self._master("POST", api.JOBS, body)
+        return await self.api.submit_job(spec, schedule)
 
     async def jobs(self) -> dict[str, Any]:
-        return await self._master("GET", api.JOBS)
+        return await self.api.jobs()
 
     async def job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("GET", api.job_path(job_id))
+        return await self.api.job(job_id)
 
     async def stop_job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("POST", api.job_path(job_id, "stop"))
+        return await self.api.stop_job(job_id)
 
     async def resume_job(self, job_id: str) -> dict[str, Any]:
-        return await self._master("POST", api.job_path(job_id, "resume"))
+        return await self.api.resume_job(job_id)
 
     async def manifest(self, ds: Dataset) -> Manifest | None:
         """The dataset's manifest (fetched once per manifest id), if it has one within
@@ -112,17 +114,16 @@ class ControlPlane:
             return None
         hit = self.cache.manifests.get(ds.name)
         if hit is None or hit[0] != ds.manifest:
-            http = await self._session()
-            url = f"{self.settings.master}{api.dataset_path(ds.name)}/manifest"
             try:
-                async with http.get(url) as r:
-                    if r.status != 200:
-                        return None
-                    raw = await r.read()
-                    mid = r.headers.get("X-Shoal-Manifest", ds.manifest)
-            except (aiohttp.ClientError, OSError, TimeoutError):
+                got = await self.api.manifest(ds.name)
+            except Unavailable:
+                # the master is down: serve on with the manifest we have, if any
                 return hit[1] if hit is not None else None
-            hit = self.cache.manifests[ds.name] = (mid, Manifest.from_bytes(raw))
+            except ShoalError:
+                return None  # no usable manifest: reads look in under storage instead
+            if got is None:
+                return None
+            hit = self.cache.manifests[ds.name] = (got[0] or ds.manifest, got[1])
         man = hit[1]
         bound = ds.policy.staleness
         if bound != NEVER and time.time() - man.built_at > bound:
@@ -130,37 +131,14 @@ class ControlPlane:
         return man
 
     async def report(self) -> dict[str, Any]:
-        return await self._master("GET", api.REPORT)
+        return dict(await self.api.report())
 
     async def watch(self, since: int, timeout: float, watcher: str) -> int:
         """Long-poll the master until its datasets generation is above ``since`` (or
         ``timeout`` seconds, at most 60, have passed) and return it. Polling again with
         the returned generation acknowledges that this watcher has applied the change:
         see the contract in :mod:`shoal.proto.control`."""
-        http = await self._session()
-        wait = min(max(0.0, timeout), WATCH_MAX_TIMEOUT)
-        params = {"since": str(int(since)), "timeout": repr(wait), "watcher": watcher}
-        try:
-            async with http.get(
-                self.settings.master + WATCH,
-                params=params,
-                # the poll is held open on purpose: longer than the session's default
-                timeout=aiohttp.ClientTimeout(total=wait + 15, connect=5),
-            ) as r:
-                status, reason = r.status, r.reason
-                raw = await r.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise Unavailable(f"master at {self.settings.master} unreachable: {exc}") from None
-        try:
-            data = json.loads(raw) if raw else None
-        except ValueError:
-            raise ProtocolError(f"master at {self.settings.master} sent non-JSON") from None
-        if status >= 400:
-            err = data.get("error", {}) if isinstance(data, dict) else {}
-            raise from_code(str(err.get("code", "io")), str(err.get("message", reason)))
-        if not isinstance(data, dict) or not isinstance(data.get("datasets_generation"), int):
-            raise ProtocolError("master sent a watch answer without datasets_generation")
-        return int(data["datasets_generation"])
+        return await self.api.watch(since, timeout, watcher)
 
     async def health(self) -> dict[str, Any]:
-        return await self._master("GET", api.HEALTH)
+        return dict(await self.api.health())

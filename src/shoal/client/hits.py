@@ -19,7 +19,7 @@ from shoal.client.control import ControlPlane
 from shoal.client.local import touches_due
 from shoal.core.types import Dataset
 from shoal.errors import ShoalError
-from shoal.proto.wire import Op
+from shoal.proto.wire import MAX_TOUCH_ITEMS, Op
 
 log = logging.getLogger("shoal.client")
 
@@ -109,7 +109,9 @@ class HitBook(ControlPlane):
             if w is None:
                 continue
             for dsname, items in by_ds.items():
-                try:
-                    await self._call(w, Op.TOUCH, [dsname, items])
-                except ShoalError as exc:
-                    log.debug("touch to %s failed: %s", wid, exc)
+                # a worker refuses a TOUCH of more than MAX_TOUCH_ITEMS items: send chunks
+                for i in range(0, len(items), MAX_TOUCH_ITEMS):
+                    try:
+                        await self._call(w, Op.TOUCH, [dsname, items[i : i + MAX_TOUCH_ITEMS]])
+                    except ShoalError as exc:
+                        log.debug("touch to %s failed: %s", wid, exc)

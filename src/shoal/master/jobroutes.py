@@ -24,10 +24,10 @@ JOBS = control.JOBS
 JOB = control.JOB
 JOB_STOP = f"{control.JOB}/stop"
 JOB_RESUME = f"{control.JOB}/resume"
-CLAIM = "/api/v1/workers/{id}/tasks"
-TASK = "/api/v1/tasks/{id}"
-MANIFEST = "/api/v1/datasets/{name}/manifest"
-MSGPACK = "application/msgpack"
+CLAIM = control.CLAIM
+TASK = control.TASK
+MANIFEST = control.MANIFEST
+MSGPACK = control.MSGPACK
 
 _JOBS: web.AppKey[JobManager] = web.AppKey("jobs", JobManager)
 _WAKE: web.AppKey[list[asyncio.Event]] = web.AppKey("wake", list)
@@ -146,7 +146,7 @@ async def _watch(request: web.Request) -> web.Response:
 
 async def _manifest(request: web.Request) -> web.Response:
     mid, raw = request.app[_JOBS].manifest_bytes(request.match_info["name"])
-    return web.Response(body=raw, content_type=MSGPACK, headers={"X-Shoal-Manifest": mid})
+    return web.Response(body=raw, content_type=MSGPACK, headers={control.MANIFEST_HEADER: mid})
 
 
 def add_job_routes(app: web.Application, jobs: JobManager) -> None:

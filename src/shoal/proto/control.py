@@ -1,9 +1,11 @@
 """The master's HTTP control API: routes, request/response shapes and error bodies.
 
 Worker, client and master all import this module, so a route or a field changes in one
-place. Every body is JSON; every error response is ``{"error": {"code", "message"}}``
-with ``code`` taken from :mod:`shoal.errors`, so the far side rebuilds the same
-exception class with :func:`raise_for_error`.
+place; worker, client and CLI call the routes through :mod:`shoal.proto.master_api`
+only. Bodies are JSON, except a dataset's manifest and large task reports (msgpack);
+every error response is ``{"error": {"code", "message"}}`` with ``code`` taken from
+:mod:`shoal.errors`, so the far side rebuilds the same exception class with
+:func:`raise_for_error`.
 
 The control API is off the data path: workers register and heartbeat, clients fetch the
 ring and dataset definitions, operators create datasets and read reports.
@@ -37,14 +39,12 @@ from urllib.parse import quote
 
 from shoal.core.ring import DEFAULT_VNODES, Ring
 from shoal.errors import (
-    DatasetExists,
-    DatasetNotFound,
     NotFound,
     ProtocolError,
     ShoalError,
     Unavailable,
-    UserError,
     from_code,
+    http_status_of,
 )
 
 API_PREFIX = "/api/v1"
@@ -59,6 +59,14 @@ REPORT = f"{API_PREFIX}/report"
 WATCH = f"{API_PREFIX}/watch"
 JOBS = f"{API_PREFIX}/jobs"
 JOB = f"{API_PREFIX}/jobs/{{id}}"
+#: a worker long-polls this for a task (``?wait=S``, at most 30 s)
+CLAIM = f"{API_PREFIX}/workers/{{id}}/tasks"
+#: a worker reports on a task here (JSON, or msgpack for large listing results)
+TASK = f"{API_PREFIX}/tasks/{{id}}"
+#: the dataset's manifest as msgpack bytes, its id in the MANIFEST_HEADER
+MANIFEST = f"{API_PREFIX}/datasets/{{name}}/manifest"
+MANIFEST_HEADER = "X-Shoal-Manifest"
+MSGPACK = "application/msgpack"
 #: longest a watch poll is held open (seconds); a larger ``timeout`` is capped to it
 WATCH_MAX_TIMEOUT = 60.0
 WATCH_DEFAULT_TIMEOUT = 30.0
@@ -82,6 +90,21 @@ def job_path(job_id: str, action: str = "") -> str:
 def heartbeat_path(worker_id: str) -> str:
     """``/api/v1/workers/<id>/heartbeat`` with the id quoted for a URL."""
     return WORKER_HEARTBEAT.format(id=quote(worker_id, safe=""))
+
+
+def claim_path(worker_id: str) -> str:
+    """``/api/v1/workers/<id>/tasks`` with the id quoted for a URL."""
+    return CLAIM.format(id=quote(worker_id, safe=""))
+
+
+def task_path(task_id: int) -> str:
+    """``/api/v1/tasks/<id>``."""
+    return TASK.format(id=int(task_id))
+
+
+def manifest_path(name: str) -> str:
+    """``/api/v1/datasets/<name>/manifest`` with the name quoted for a URL."""
+    return MANIFEST.format(name=quote(name, safe=""))
 
 
 # --- datasets ---------------------------------------------------------------------------
@@ -208,12 +231,16 @@ class RingResponse(TypedDict):
 
 
 def ring_from_response(body: RingResponse) -> Ring:
-    """The :class:`~shoal.core.ring.Ring` a ``GET /api/v1/ring`` answer describes."""
-    return Ring.build(
-        int(body["epoch"]),
-        [w["id"] for w in body["workers"]],
-        int(body.get("vnodes", DEFAULT_VNODES)),
-    )
+    """The :class:`~shoal.core.ring.Ring` a ``GET /api/v1/ring`` answer describes;
+    ProtocolError when the answer is not in that shape."""
+    try:
+        return Ring.build(
+            int(body["epoch"]),
+            [str(w["id"]) for w in body["workers"]],
+            int(body.get("vnodes", DEFAULT_VNODES)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed ring answer from the master: {exc!r}") from None
 
 
 # --- watch ------------------------------------------------------------------------------
@@ -291,39 +318,40 @@ class ErrorBody(TypedDict):
 
 
 def http_status(exc: BaseException) -> int:
-    """The HTTP status the master answers ``exc`` with."""
-    if isinstance(exc, DatasetNotFound | NotFound):
-        return 404
-    if isinstance(exc, DatasetExists):
-        return 409
-    if isinstance(exc, UserError):
-        return 400
-    return 500
+    """The HTTP status the master answers ``exc`` with: the error table's
+    (:attr:`ShoalError.http_status <shoal.errors.ShoalError>`), 500 outside the tree."""
+    return http_status_of(exc)
 
 
 def error_body(exc: BaseException) -> ErrorBody:
-    """The JSON body for an error response; anything outside the shoal tree is generic."""
-    if isinstance(exc, ShoalError) and http_status(exc) < 500:
-        return {"error": {"code": exc.code, "message": exc.message}}
-    if isinstance(exc, ShoalError):
-        return {"error": {"code": exc.code, "message": INTERNAL_ERROR_MESSAGE}}
-    return {"error": {"code": ShoalError.code, "message": INTERNAL_ERROR_MESSAGE}}
+    """The JSON body for an error response: the error's code, and its message unless
+    the status is 5xx (then the details are in the master's log only); anything outside
+    the shoal tree is a generic ``io``."""
+    if not isinstance(exc, ShoalError):
+        return {"error": {"code": ShoalError.code, "message": INTERNAL_ERROR_MESSAGE}}
+    message = exc.message if exc.http_status < 500 else INTERNAL_ERROR_MESSAGE
+    return {"error": {"code": exc.code, "message": message}}
 
 
 def raise_for_error(status: int, body: Any) -> None:
     """Raise the shoal error an error response carries; return quietly on 1xx-3xx.
 
-    ``body`` is the decoded JSON (or whatever the caller could decode). A response that
-    is an error but not in the ``{"error": {"code", "message"}}`` shape raises
-    :class:`~shoal.errors.Unavailable` for 502-504 (a proxy in the way, the master
-    restarting) and :class:`~shoal.errors.ProtocolError` otherwise.
+    ``body`` is the decoded JSON (None when there was none or it was not JSON). An
+    error in the ``{"error": {"code", "message"}}`` shape comes back as the class of
+    its code. One without that body did not come from the master's error handler: a
+    5xx (a proxy in the way, the master restarting) raises
+    :class:`~shoal.errors.Unavailable`, a 404 :class:`~shoal.errors.NotFound`, and
+    anything else :class:`~shoal.errors.ProtocolError`.
     """
     if status < 400:
         return
     detail = body.get("error") if isinstance(body, dict) else None
     if isinstance(detail, dict) and isinstance(detail.get("code"), str):
         message = detail.get("message")
+        # an empty message: the class's own docstring says what went wrong
         raise from_code(detail["code"], message if isinstance(message, str) else "")
-    if status in (502, 503, 504):
+    if 500 <= status < 600:
         raise Unavailable(f"master answered HTTP {status}")
+    if status == 404:
+        raise NotFound(f"master answered HTTP {status}")
     raise ProtocolError(f"master answered HTTP {status} without an error body")

@@ -4,9 +4,12 @@ endpoint (moto's server), with helpers to seed data and to kill or restart proce
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
+import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +18,8 @@ from shoal.cli.local import LocalCluster
 from shoal.client import Client
 from shoal.config import ClientSettings
 from shoal.core.types import Mount
+from shoal.errors import Unavailable
+from shoal.proto.control import RING
 from shoal.testing.s3 import CREDENTIALS
 
 #: environment that lets shoal's processes talk to moto with its dummy credentials
@@ -64,8 +69,18 @@ class TestCluster(LocalCluster):
     def kill_worker(self, i: int, sig: int = signal.SIGKILL) -> None:
         self.stop_process(f"worker-{i}", sig)
 
-    def restart_worker(self, i: int) -> None:
-        self.start_worker(i)
+    def restart_worker(self, i: int, timeout: float = 20.0) -> None:
+        """Start worker ``i`` again and return once the master's ring lists it at its new
+        address (a reader that refreshes its ring then finds it)."""
+        addr = self.start_worker(i)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(self.master_url + RING, timeout=5) as r:
+                ring = json.load(r)
+            if any(w["id"] == addr["id"] and w["port"] == addr["port"] for w in ring["workers"]):
+                return
+            time.sleep(0.05)
+        raise Unavailable(f"worker {i} did not rejoin the ring at port {addr['port']}")
 
     def stop_master(self, sig: int = signal.SIGTERM) -> None:
         self.stop_process("master", sig)

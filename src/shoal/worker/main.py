@@ -10,9 +10,11 @@ import grp
 import json
 import logging
 import os
+import secrets
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,10 @@ import aiohttp
 from aiohttp import web
 
 from shoal.config import WorkerSettings
-from shoal.core.manifest import Manifest
 from shoal.core.types import Dataset
-from shoal.errors import InvalidArgument
+from shoal.errors import InvalidArgument, ShoalError
+from shoal.proto import control
+from shoal.proto.master_api import MasterAPI
 from shoal.store.tiered import TieredStore
 from shoal.worker import metrics
 from shoal.worker.datasets import DatasetTable
@@ -82,6 +85,22 @@ def _identity(work_dir: Path) -> str:
         return wid
 
 
+def _identity_key(work_dir: Path) -> str:
+    """The secret this worker's id is bound to on the master (``<work_dir>/key``, 0600):
+    a restarted worker presents it again; another process cannot take over the id."""
+    f = work_dir / "key"
+    try:
+        return f.read_text().strip()
+    except FileNotFoundError:
+        key = secrets.token_hex(32)
+        tmp = f.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(key)
+        os.replace(tmp, f)
+        return key
+
+
 def _uds_path(settings: WorkerSettings, work_dir: Path, wid: str) -> str:
     path = settings.uds or str(work_dir / "worker.sock")
     if len(path) > _UDS_MAX:
@@ -98,6 +117,7 @@ class Worker:
         self.work_dir = Path(settings.work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.id = _identity(self.work_dir)
+        self._key = _identity_key(self.work_dir)
         self.store = TieredStore.from_specs(list(settings.tiers))
         self.table = DatasetTable(self.work_dir / "datasets.json")
         self.stats = Stats()
@@ -109,6 +129,7 @@ class Worker:
         self._servers: list[asyncio.AbstractServer] = []
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
+        self.master = MasterAPI(settings.master, self._session)
         self._tasks: list[asyncio.Task[None]] = []
         self.registered = asyncio.Event()
         self.runner: TaskRunner | None = None
@@ -141,9 +162,8 @@ class Worker:
         self._tasks.append(loop.create_task(self._flush_loop()))
         self._tasks.append(loop.create_task(self._reclaim_loop()))
         self.runner = TaskRunner(
-            s.master,
+            self.master,
             self.id,
-            self._session,
             self.loader,
             self.table,
             self._refresh_on_miss,
@@ -187,27 +207,16 @@ class Worker:
 
     # -- master ---------------------------------------------------------------------
 
-    async def _register(self) -> dict[str, Any]:
+    async def _register(self) -> control.RegisterResponse:
         body = dict(self.address())
+        body["key"] = self._key
         body["tiers"] = [
             {"name": t.name, "path": t.path, "capacity": t.capacity} for t in self.settings.tiers
         ]
-        return await self._post("/api/v1/workers/register", body)
-
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        assert self._http is not None
-        async with self._http.post(self.settings.master + path, json=body) as r:
-            data: dict[str, Any] = await r.json()
-            if r.status >= 400:
-                raise RuntimeError(f"master answered {r.status}: {data}")
-            return data
+        return await self.master.register(body)
 
     async def _refresh_datasets(self, generation: int) -> None:
-        assert self._http is not None
-        async with self._http.get(self.settings.master + "/api/v1/datasets") as r:
-            r.raise_for_status()
-            data = await r.json()
-        new = [Dataset.from_dict(d) for d in data["datasets"]]
+        new = [Dataset.from_dict(dict(d)) for d in await self.master.datasets()]
         old = {n: self.table.get(n) for n in self.table.names()}
         gone = self.table.replace(new, generation)
         for name in gone:
@@ -229,16 +238,11 @@ class Worker:
                 await self._fetch_manifest(ds.name)
 
     async def _fetch_manifest(self, name: str) -> None:
-        assert self._http is not None
-        url = f"{self.settings.master}/api/v1/datasets/{name}/manifest"
-        async with self._http.get(url) as r:
-            if r.status == 404:
-                return
-            r.raise_for_status()
-            raw = await r.read()
-            mid = r.headers.get("X-Shoal-Manifest", "")
-        self.loader.manifests[name] = (mid, Manifest.from_bytes(raw))
-        log.info("manifest %s of %s: %d files", mid, name, len(self.loader.manifests[name][1]))
+        got = await self.master.manifest(name)
+        if got is None:
+            return
+        self.loader.manifests[name] = got
+        log.info("manifest %s of %s: %d files", got[0], name, len(got[1]))
 
     async def _refresh_on_miss(self) -> bool:
         """A client named a dataset we do not know: ask the master once for all waiters,
@@ -254,7 +258,7 @@ class Worker:
             )
         try:
             await asyncio.shield(task)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (ShoalError, OSError) as exc:
             log.warning("cannot refresh datasets from the master: %s", exc)
             return False
         return True
@@ -277,21 +281,21 @@ class Worker:
         while True:
             try:
                 if not known:
-                    reply = await self._register()
-                    interval = float(reply.get("heartbeat_interval", interval))
+                    reg = await self._register()
+                    interval = float(reg.get("heartbeat_interval", interval))
+                    reply: Mapping[str, Any] = reg
                     known = True
                 else:
-                    reply = await self._post(
-                        f"/api/v1/workers/{self.id}/heartbeat", {"stats": self.snapshot()}
-                    )
-                    known = bool(reply.get("known", True))
+                    beat = await self.master.heartbeat(self.id, self.snapshot())
+                    known = bool(beat.get("known", True))
+                    reply = beat
                 self.service.epoch = int(reply.get("epoch", self.service.epoch))
                 gen = int(reply.get("datasets_generation", -1))
                 if gen != self.table.generation:
                     await self._refresh_datasets(gen)
                 self.registered.set()
-            except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as exc:
-                log.warning("master unreachable (%s); serving on with known datasets", exc)
+            except (ShoalError, OSError) as exc:
+                log.warning("master call failed (%s); serving on with known datasets", exc)
             self.store.expire(time.time())
             await asyncio.sleep(interval if known else min(interval, 1.0))
 
@@ -315,6 +319,7 @@ class Worker:
             "tiers": tiers,
             "datasets": datasets,
             "corrupt_pages": usage.corrupt_pages,
+            "refused_drops": self.stats.refused_drops,
             "ufs_requests": self.loader.ufs_gets,
         }
 

@@ -22,12 +22,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
-import msgpack
-
 from shoal.core.jobs import MAX_FAILURES, Progress, TaskReport
 from shoal.core.types import FileInfo
-from shoal.errors import NotFound, ShoalError
+from shoal.errors import NotFound, ShoalError, Unavailable
+from shoal.proto.master_api import MasterAPI
 from shoal.ufs.base import UnderStore
 from shoal.worker.datasets import DatasetTable
 from shoal.worker.loader import Loader
@@ -41,10 +39,9 @@ LIST_PARALLELISM = 16
 REPORT_EVERY = 0.5
 #: how long a final report is retried (the master's lease on a task is 30 s)
 FINAL_REPORT_FOR = 30.0
-
-
-class Stopped(Exception):
-    """The master said the job was stopped."""
+#: how long the master holds a task poll open, and when the worker gives up on one
+CLAIM_WAIT = 10.0
+CLAIM_HOLD = 40.0
 
 
 class _Attempt:
@@ -76,9 +73,8 @@ class _Attempt:
 class TaskRunner:
     def __init__(
         self,
-        master: str,
+        master: MasterAPI,
         worker_id: str,
-        http: Callable[[], aiohttp.ClientSession],
         loader: Loader,
         table: DatasetTable,
         ensure_dataset: Callable[[], Awaitable[bool]],
@@ -86,7 +82,6 @@ class TaskRunner:
     ) -> None:
         self.master = master
         self.worker_id = worker_id
-        self._http = http
         self.loader = loader
         self.table = table
         self._ensure_dataset = ensure_dataset
@@ -95,16 +90,12 @@ class TaskRunner:
         self._running: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        url = f"{self.master}/api/v1/workers/{self.worker_id}/tasks"
         while True:
             await self._slots.acquire()
             try:
-                async with self._http().get(
-                    url, params={"wait": "10"}, timeout=aiohttp.ClientTimeout(total=40)
-                ) as r:
-                    body = await r.json()
-                task = body.get("task") if r.status == 200 else None
-            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                task = await self.master.claim(self.worker_id, CLAIM_WAIT, CLAIM_HOLD)
+            except ShoalError as exc:
+                # unreachable, or refused: ask again in a second either way
                 self._slots.release()
                 log.debug("task poll failed: %s", exc)
                 await asyncio.sleep(1.0)
@@ -143,29 +134,14 @@ class TaskRunner:
     ) -> bool:
         """Post one report; a progress report is tried once (the next one carries its
         counts too), a final one until the master answers or FINAL_REPORT_FOR passed."""
-        url = f"{self.master}/api/v1/tasks/{tid}"
         deadline = time.monotonic() + FINAL_REPORT_FOR
         attempt = 0
         while True:
             attempt += 1
             try:
-                if packed:
-                    data = msgpack.packb(body, use_bin_type=True)
-                    req = self._http().post(
-                        url, data=data, headers={"Content-Type": "application/msgpack"}
-                    )
-                else:
-                    req = self._http().post(url, json=body)
-                async with req as r:
-                    if r.status >= 400:
-                        # a refused report is not retried: the master said no for good
-                        log.error(
-                            "task %s report refused: %s %s", tid, r.status, (await r.text())[:200]
-                        )
-                        return True
-                    reply = await r.json()
-                    return bool(reply.get("stop", False))
-            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                reply = await self.master.report_task(tid, body, packed)
+                return bool(reply.get("stop", False))
+            except Unavailable as exc:
                 if not final:
                     log.debug("task %s progress report failed (%s)", tid, exc)
                     return False
@@ -174,6 +150,10 @@ class TaskRunner:
                     return False
                 log.warning("task %s report failed (%s); retrying", tid, exc)
                 await asyncio.sleep(min(2.0, 0.25 * attempt))
+            except ShoalError as exc:
+                # a refused report is not retried: the master said no for good
+                log.error("task %s report refused: %s: %s", tid, exc.code, exc.message[:200])
+                return True
 
     async def _execute(self, task: dict[str, Any], att: _Attempt) -> None:
         kind, ds, items = task["kind"], task["dataset"], task["items"]

@@ -1,0 +1,223 @@
+"""One client of the master's HTTP API, for every caller: the client library, the
+worker and the CLI.
+
+Routes come from :mod:`shoal.proto.control` and every answer goes through
+:func:`~shoal.proto.control.raise_for_error`, so the callers never build a URL or read
+a status themselves and all of them see the same errors: an error body comes back as
+the class of its code, a bodyless 5xx (a proxy's 502, a master restarting) as
+:class:`~shoal.errors.Unavailable`, a bodyless 404 as :class:`~shoal.errors.NotFound`,
+and a master that cannot be reached (refused, reset, timed out) as Unavailable too.
+
+It lives in ``proto`` because the worker may not import the client package. It owns no
+session: the caller passes a factory, so its timeouts, lifetime and fork handling stay
+the caller's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import aiohttp
+import msgpack
+from multidict import CIMultiDict
+from yarl import URL
+
+from shoal.core.manifest import Manifest
+from shoal.errors import NotFound, ProtocolError, Unavailable
+from shoal.proto import control as api
+
+#: returns the aiohttp session to send on (created, or re-created, by the caller)
+SessionFactory = Callable[[], aiohttp.ClientSession]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A successful (1xx-3xx) answer: its status, raw body and headers."""
+
+    status: int
+    raw: bytes
+    headers: Mapping[str, str]
+
+    def json(self) -> Any:
+        """The body as JSON (None when empty); ProtocolError when it is not JSON."""
+        try:
+            return json.loads(self.raw) if self.raw else None
+        except ValueError:
+            raise ProtocolError("the master sent an answer that is not JSON") from None
+
+
+def _decoded(raw: bytes) -> Any:
+    """An error answer's body as JSON, or None: a proxy's HTML page is no error body."""
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+class MasterAPI:
+    """The master's API at ``master`` (``http://host:port``) over ``session()``."""
+
+    def __init__(self, master: str, session: SessionFactory) -> None:
+        self.master = master.rstrip("/")
+        self._session = session
+        #: the URL as errors name it: never with credentials a URL may carry
+        self._shown = str(URL(self.master).with_user(None)) if "@" in self.master else self.master
+
+    # -- transport --------------------------------------------------------------------
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        packed: bool = False,
+        params: Mapping[str, str] | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> Answer:
+        """One request; ``body`` goes as JSON, or msgpack with ``packed``. Raises the
+        ShoalError the answer carries, Unavailable when the master cannot be reached."""
+        kw: dict[str, Any] = {}
+        if packed:
+            kw["data"] = msgpack.packb(body, use_bin_type=True)
+            kw["headers"] = {"Content-Type": api.MSGPACK}
+        elif body is not None:
+            kw["json"] = body
+        if params is not None:
+            kw["params"] = dict(params)
+        if timeout is not None:
+            kw["timeout"] = timeout
+        try:
+            async with self._session().request(method, self.master + path, **kw) as r:
+                status = r.status
+                raw = await r.read()
+                # case-insensitive, as HTTP headers are (a proxy may lowercase them)
+                headers = CIMultiDict(r.headers)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # OSError: NotFound and PermissionDenied are OSErrors too, but none is raised
+            # inside this block; what lands here is the connection's own failure
+            raise Unavailable(f"master at {self._shown} unreachable: {exc!r}") from None
+        if status >= 400:
+            api.raise_for_error(status, _decoded(raw))
+        return Answer(status, raw, headers)
+
+    async def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        """:meth:`send` and decode the answer's JSON."""
+        return (await self.send(method, path, body=body, **kw)).json()
+
+    async def _object(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        data = await self.call(method, path, body, **kw)
+        if not isinstance(data, dict):
+            raise ProtocolError(f"the master answered {method} {path} with no JSON object")
+        return data
+
+    # -- health, report, watch --------------------------------------------------------
+
+    async def health(self) -> api.HealthResponse:
+        return cast(api.HealthResponse, await self._object("GET", api.HEALTH))
+
+    async def report(self) -> api.ReportResponse:
+        return cast(api.ReportResponse, await self._object("GET", api.REPORT))
+
+    async def watch(self, since: int, timeout: float, watcher: str) -> int:
+        """Long-poll ``GET /api/v1/watch`` (contract in :mod:`shoal.proto.control`) and
+        return the master's datasets generation."""
+        wait = min(max(0.0, timeout), api.WATCH_MAX_TIMEOUT)
+        params = {"since": str(int(since)), "timeout": repr(wait), "watcher": watcher}
+        # the poll is held open on purpose: longer than a session's default timeout
+        hold = aiohttp.ClientTimeout(total=wait + 15, connect=5)
+        data = await self.call("GET", api.WATCH, params=params, timeout=hold)
+        gen = data.get("datasets_generation") if isinstance(data, dict) else None
+        if not isinstance(gen, int):
+            raise ProtocolError("master sent a watch answer without datasets_generation")
+        return gen
+
+    # -- datasets ---------------------------------------------------------------------
+
+    async def datasets(self) -> list[api.DatasetBody]:
+        data = await self._object("GET", api.DATASETS)
+        if not isinstance(data.get("datasets"), list):
+            raise ProtocolError("master sent a dataset list without datasets")
+        return cast(list[api.DatasetBody], data["datasets"])
+
+    async def dataset(self, name: str) -> api.DatasetBody:
+        return cast(api.DatasetBody, await self._object("GET", api.dataset_path(name)))
+
+    async def create_dataset(self, body: Mapping[str, Any]) -> api.DatasetBody:
+        return cast(api.DatasetBody, await self._object("POST", api.DATASETS, dict(body)))
+
+    async def update_dataset(self, name: str, policy: Mapping[str, Any]) -> api.DatasetBody:
+        req: api.PatchDatasetRequest = {"policy": dict(policy)}
+        return cast(api.DatasetBody, await self._object("PATCH", api.dataset_path(name), req))
+
+    async def delete_dataset(self, name: str) -> api.DeleteDatasetResponse:
+        path = api.dataset_path(name)
+        return cast(api.DeleteDatasetResponse, await self._object("DELETE", path))
+
+    async def manifest(self, name: str) -> tuple[str, Manifest] | None:
+        """The dataset's manifest and its id; None when it has none (404)."""
+        try:
+            a = await self.send("GET", api.manifest_path(name))
+        except NotFound:  # DatasetNotFound is a UserError: a dataset gone still raises
+            return None
+        return a.headers.get(api.MANIFEST_HEADER, ""), Manifest.from_bytes(a.raw)
+
+    # -- workers and the ring ---------------------------------------------------------
+
+    async def ring(self) -> api.RingResponse:
+        data = await self._object("GET", api.RING)
+        if not isinstance(data.get("workers"), list) or "epoch" not in data:
+            raise ProtocolError("master sent a ring answer without epoch and workers")
+        return cast(api.RingResponse, data)
+
+    async def register(self, body: Mapping[str, Any]) -> api.RegisterResponse:
+        """Register a worker (a :class:`~shoal.proto.control.RegisterRequest`, plus
+        whatever else the worker tells about itself)."""
+        data = await self._object("POST", api.WORKER_REGISTER, dict(body))
+        return cast(api.RegisterResponse, data)
+
+    async def heartbeat(self, worker_id: str, stats: Mapping[str, Any]) -> api.HeartbeatResponse:
+        req = {"stats": dict(stats)}
+        data = await self._object("POST", api.heartbeat_path(worker_id), req)
+        return cast(api.HeartbeatResponse, data)
+
+    # -- jobs -------------------------------------------------------------------------
+
+    async def submit_job(self, spec: Mapping[str, Any], schedule: str | None) -> dict[str, Any]:
+        body = {"spec": dict(spec), "schedule": schedule}
+        return cast(dict[str, Any], await self._object("POST", api.JOBS, body))
+
+    async def jobs(self) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._object("GET", api.JOBS))
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._object("GET", api.job_path(job_id)))
+
+    async def stop_job(self, job_id: str) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._object("POST", api.job_path(job_id, "stop")))
+
+    async def resume_job(self, job_id: str) -> dict[str, Any]:
+        path = api.job_path(job_id, "resume")
+        return cast(dict[str, Any], await self._object("POST", path))
+
+    async def claim(self, worker_id: str, wait: float, hold: float) -> dict[str, Any] | None:
+        """Long-poll for a task (``wait`` seconds on the master, the request given up
+        after ``hold``); None when none came."""
+        params = {"wait": repr(float(wait))}
+        timeout = aiohttp.ClientTimeout(total=hold)
+        data = await self._object("GET", api.claim_path(worker_id), params=params, timeout=timeout)
+        task = data.get("task")
+        if task is not None and not isinstance(task, dict):
+            raise ProtocolError("master sent a task that is not an object")
+        return cast(dict[str, Any] | None, task)
+
+    async def report_task(
+        self, task_id: int, body: Mapping[str, Any], packed: bool = False
+    ) -> dict[str, Any]:
+        """Report on a task (msgpack with ``packed``: large listing results); the
+        master's answer says whether to stop."""
+        path = api.task_path(task_id)
+        return cast(dict[str, Any], await self._object("POST", path, dict(body), packed=packed))
