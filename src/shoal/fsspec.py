@@ -71,19 +71,6 @@ def read_only(path: str) -> PermissionError:
     )
 
 
-def to_oserror(exc: ShoalError, path: str) -> OSError:
-    """The most specific builtin OSError for a shoal error, as fsspec callers expect."""
-    if isinstance(exc, OSError):
-        return exc
-    code = errno.ENOENT if exc.code == "outside" else exc.errno  # no such mount: ENOENT
-    kind: type[OSError] = {
-        errno.ENOENT: FileNotFoundError,
-        errno.EACCES: PermissionError,
-        errno.EISDIR: IsADirectoryError,
-    }.get(code, OSError)
-    return kind(code, exc.message, path)
-
-
 def _refuse_async(target: int) -> Any:
     async def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
         raise read_only(str(args[target]))
@@ -292,7 +279,7 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         try:
             return self._entry(await self.client().stat(ns))
         except ShoalError as exc:
-            raise to_oserror(exc, path) from exc
+            raise exc.to_oserror(path) from exc
 
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         p = self._strip_protocol(path)
@@ -312,14 +299,14 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         try:
             entries = await aio.ls(ns)
         except ShoalError as exc:
-            if exc.errno == errno.ENOENT or exc.code == "outside":
-                raise to_oserror(exc, path) from exc
+            if exc.os_errno == errno.ENOENT:  # no such dataset, mount or path
+                raise exc.to_oserror(path) from exc
             entries = []  # listing a file fails in some stores: ask what it is
         if not entries and ns.count("/") >= 3:
             try:
                 info = await aio.stat(ns)
             except ShoalError as exc:
-                raise to_oserror(exc, path) from exc
+                raise exc.to_oserror(path) from exc
             entries = [] if info.is_dir else [info]
         return [self._entry(e) for e in entries]
 
@@ -346,7 +333,7 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
             length = -1 if end is None else max(0, end - off)
             return await aio.read(ns, off, length)
         except ShoalError as exc:
-            raise to_oserror(exc, path) from exc
+            raise exc.to_oserror(path) from exc
 
     async def _cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
@@ -369,7 +356,7 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         got = await self.client().cat_many(list(by_ns)) if by_ns else {}
         for ns, p in by_ns.items():
             v = got[ns]
-            out[p] = to_oserror(v, p) if isinstance(v, ShoalError) else v
+            out[p] = v.to_oserror(p) if isinstance(v, ShoalError) else v
         return out
 
     async def _cat(

@@ -309,3 +309,29 @@ def test_run_master_subprocess_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_worker_id_is_bound_to_the_key_it_registered_with(
+    call: Call, master: MasterServer
+) -> None:
+    """Issue 10 item 13: nobody can re-register a live worker's id at another address."""
+    real = {**worker("w-bound", 7001), "key": "k" * 32}
+    status, _ = await call("POST", control.WORKER_REGISTER, real)
+    assert status == 200
+    for impostor in (
+        {**worker("w-bound", 6666), "key": "x" * 32},  # another key
+        {**worker("w-bound", 6666)},  # no key
+    ):
+        status, body = await call("POST", control.WORKER_REGISTER, impostor)
+        assert status == 403, body
+        assert "another key" in body["error"]["message"] and "x" * 32 not in str(body)
+    status, ring = await call("GET", control.RING)
+    assert [w["port"] for w in ring["workers"] if w["id"] == "w-bound"] == [7001]
+    # the real worker restarting (same key, new port) is welcome
+    status, _ = await call("POST", control.WORKER_REGISTER, {**real, "port": 7002})
+    assert status == 200
+    status, ring = await call("GET", control.RING)
+    assert [w["port"] for w in ring["workers"] if w["id"] == "w-bound"] == [7002]
+    assert master.service.refused_registrations == 2
+    status, body = await call("POST", control.WORKER_REGISTER, {**real, "key": "short"})
+    assert status == 400, body

@@ -15,9 +15,15 @@ from collections.abc import Callable
 
 from shoal import __version__
 from shoal.cli.output import set_plain
-from shoal.errors import IsADirectory, NotFound, PermissionDenied, ShoalError, UserError
+from shoal.errors import ShoalError
 
 Handler = Callable[[argparse.Namespace], int | None]
+
+
+def exit_status(exc: ShoalError) -> int:
+    """2 for an error the user caused, 1 for a failure of the system (the error table's
+    ``user_fault``, see shoal.errors)."""
+    return 2 if exc.user_fault else 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,14 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = handler(args) or 0
         sys.stdout.flush()
-    except (UserError, NotFound, PermissionDenied, IsADirectory) as exc:
-        print(
-            f"shoal: error: {exc.message if isinstance(exc, ShoalError) else exc}", file=sys.stderr
-        )
-        code = 2
     except ShoalError as exc:
         print(f"shoal: error: {exc.message}", file=sys.stderr)
-        code = 1
+        code = exit_status(exc)
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:

@@ -157,7 +157,8 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point until ``shoal`` itself registers these commands."""
-    from shoal.errors import ShoalError, UserError
+    from shoal.cli.main import exit_status
+    from shoal.errors import ShoalError
 
     parser = argparse.ArgumentParser(prog="shoal")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         code = args.handler(args) or 0
     except ShoalError as exc:
         print(f"shoal: error: {exc.message}", file=sys.stderr)
-        code = 2 if isinstance(exc, UserError) else 1
+        code = exit_status(exc)
     sys.exit(code)
 
 

@@ -20,8 +20,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shoal.errors import ShoalError, errno_of
 from shoal.fuse import protocol as p
-from shoal.fuse.nodes import Reply, errno_of
+from shoal.fuse.nodes import Reply
 from shoal.fuse.ops import FileSystem
 
 log = logging.getLogger("shoal.fuse.daemon")
@@ -152,9 +153,9 @@ class Daemon:
                 self._send(unique, None, errno.EIO)
 
     def _fail(self, unique: int, opcode: int, exc: BaseException) -> None:
-        code = errno_of(exc)
+        code = errno_of(exc)  # the one table (shoal.errors)
         self.errors[code] = self.errors.get(code, 0) + 1
-        if code == errno.EIO:
+        if code == errno.EIO or (isinstance(exc, ShoalError) and not exc.user_fault):
             log.warning("%s failed: %s", _opname(opcode), exc)
         self._send(unique, None, code)
 

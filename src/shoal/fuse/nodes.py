@@ -1,9 +1,8 @@
-"""The inode table's entries, the mount's counters, the reply types of handlers and the
-one errno table for the mount."""
+"""The inode table's entries, the mount's counters and the reply types of handlers.
+(The errno a failed request answers with comes from :func:`shoal.errors.errno_of`.)"""
 
 from __future__ import annotations
 
-import errno
 import posixpath
 import re
 from collections.abc import Callable, Coroutine
@@ -11,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.core.types import FileInfo
-from shoal.errors import IsADirectory, NotFound, PermissionDenied, ShoalError, UserError
 
 Reply = bytes | memoryview | list[bytes | memoryview] | None
 Result = Reply | Coroutine[Any, Any, Reply]
@@ -29,23 +27,6 @@ PASSTHROUGH_WAIT = 3.0
 MAX_BACKING = 64
 #: negative entries remembered (to invalidate after a sync); beyond, they get TOP_TTL
 MAX_NEGATIVE = 65536
-
-
-def errno_of(exc: BaseException) -> int:
-    """The errno a FUSE reply carries for an exception (one table for the mount)."""
-    if isinstance(exc, NotFound | FileNotFoundError):
-        return errno.ENOENT
-    if isinstance(exc, PermissionDenied | PermissionError):
-        return errno.EACCES
-    if isinstance(exc, IsADirectory):
-        return errno.EISDIR
-    if isinstance(exc, UserError):
-        return errno.EACCES if exc.errno == errno.EACCES else errno.ENOENT
-    if isinstance(exc, ShoalError):
-        return errno.EIO  # unreachable, store failures, corrupt, stale: after retries
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
-    return errno.EIO
 
 
 @dataclass(slots=True, eq=False)

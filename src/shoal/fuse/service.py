@@ -189,7 +189,7 @@ async def serve(opts: MountOptions, notify: Notify | None = None) -> None:
         log.info("unmounted %s", mp)
     except (ShoalError, OSError) as exc:
         if notify is not None:
-            code = exc.code if isinstance(exc, ShoalError) else "io"
+            code = exc.code if isinstance(exc, ShoalError) else ShoalError.code
             notify(f"{code}\n{exc.message if isinstance(exc, ShoalError) else exc}")
         raise
     finally:

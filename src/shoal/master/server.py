@@ -33,7 +33,7 @@ from shoal.errors import InvalidArgument, NotFound, ShoalError
 from shoal.master import validate
 from shoal.master.jobroutes import add_job_routes
 from shoal.master.metrics import make_registry, render
-from shoal.master.service import MasterService, check_settings
+from shoal.master.service import MasterService
 from shoal.master.state import MasterState
 from shoal.proto import control
 
@@ -217,7 +217,6 @@ class MasterServer:
 
 async def start_master(settings: MasterSettings) -> MasterServer:
     """Open the state in ``settings.state_dir``, bind and start serving."""
-    check_settings(settings)
     state = MasterState(settings.state_dir)
     try:
         server = MasterServer(settings, MasterService(settings, state))

@@ -11,6 +11,7 @@ expiry period anyway.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from shoal.core.membership import (
 )
 from shoal.core.ring import DEFAULT_VNODES, Ring
 from shoal.core.types import Dataset
-from shoal.errors import InvalidArgument
+from shoal.errors import InvalidArgument, PermissionDenied
 from shoal.master import validate
 from shoal.master.jobs import JobManager
 from shoal.master.jobstate import JobState
@@ -46,25 +47,6 @@ from shoal.proto.control import (
 log = logging.getLogger("shoal.master.service")
 
 
-def check_settings(settings: MasterSettings) -> None:
-    """Reject settings the master cannot run with."""
-    if settings.heartbeat_interval <= 0:
-        raise InvalidArgument(
-            f"invalid heartbeat_interval {settings.heartbeat_interval}: must be > 0 seconds"
-        )
-    if settings.worker_expiry <= 0:
-        raise InvalidArgument(
-            f"invalid worker_expiry {settings.worker_expiry}: must be > 0 seconds"
-        )
-    if settings.worker_expiry <= settings.heartbeat_interval:
-        log.warning(
-            "worker_expiry %.3gs is not longer than heartbeat_interval %.3gs: "
-            "workers will drop out of the ring between heartbeats",
-            settings.worker_expiry,
-            settings.heartbeat_interval,
-        )
-
-
 class MasterService:
     """Datasets and worker membership; ``clock`` is monotonic seconds (injectable)."""
 
@@ -74,14 +56,7 @@ class MasterService:
         state: MasterState,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        check_settings(settings)
-        if settings.worker_expiry <= settings.heartbeat_interval:
-            log.warning(
-                "worker_expiry %.3gs is not longer than heartbeat_interval %.3gs: "
-                "workers will drop out of the ring between heartbeats",
-                settings.worker_expiry,
-                settings.heartbeat_interval,
-            )
+        # MasterSettings validates itself (positive intervals, expiry > heartbeat)
         self.settings = settings
         self.state = state
         self._clock = clock
@@ -93,6 +68,8 @@ class MasterService:
             workers=[w.record(now) for w in stored],
         )
         self._dirty: set[str] = set()
+        #: registrations refused because the id is bound to another key
+        self.refused_registrations = 0
         self.jobs = JobManager(
             JobState(settings.state_dir),
             self.get_dataset,
@@ -140,6 +117,7 @@ class MasterService:
 
     def register(self, body: Any) -> RegisterResponse:
         info = validate.parse_register(body)
+        self._check_worker_key(info.id, body)
         prev = self.membership.get(info.id)
         # a live worker registers only when its process is new (a running one is told
         # to re-register only after the master restarted or expired it)
@@ -162,6 +140,23 @@ class MasterService:
             "heartbeat_interval": self.settings.heartbeat_interval,
             "datasets_generation": self.state.datasets_generation,
         }
+
+    def _check_worker_key(self, worker_id: str, body: dict[str, Any]) -> None:
+        """A worker id is bound to the key it first registered with (trust on first use
+        until the cluster issues credentials): a registration of that id with another
+        key, or none once one is bound, is refused before it can move the ring."""
+        key = body.get("key")
+        if key is not None and (not isinstance(key, str) or not 16 <= len(key) <= 256):
+            raise InvalidArgument("worker registration: 'key' must be a string of 16-256 chars")
+        digest = hashlib.sha256((key or "").encode()).hexdigest()
+        if not self.state.bind_worker_key(worker_id, digest):
+            self.refused_registrations += 1
+            log.warning("refused a registration of worker id %s: its key does not match", worker_id)
+            raise PermissionDenied(
+                f"worker id {worker_id!r} is registered with another key: a worker keeps its "
+                "key in its work directory (identity); start it from that directory, or "
+                "give the new worker a directory of its own"
+            )
 
     def heartbeat(self, worker_id: str, body: Any) -> HeartbeatResponse:
         stats = validate.parse_heartbeat(body)

@@ -6,7 +6,10 @@
   secrets because :class:`~shoal.core.types.Mount` refuses secret option keys;
 - ``workers(id PK, json, state, last_heartbeat)`` -- registration (host, port, uds,
   node, tiers) plus the latest stats; ``last_heartbeat`` is wall-clock, informational;
-- ``meta(key PK, value)`` -- ``ring_epoch`` and ``datasets_generation``.
+- ``meta(key PK, value)`` -- ``ring_epoch`` and ``datasets_generation``;
+- ``worker_keys(id PK, key_hash)`` -- the sha256 of the key each worker id first
+  registered with: a later registration of that id must present the same key, so no
+  one can take over a worker's place on the ring by registering its id.
 
 Every change commits before the caller answers, so a restarted master sees what it
 acknowledged. Calls are synchronous: each is a small transaction on a local file, which
@@ -15,6 +18,7 @@ costs less than handing it to a thread, and the master is off the data path.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -47,6 +51,10 @@ CREATE TABLE IF NOT EXISTS workers (
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS worker_keys (
+    id TEXT PRIMARY KEY,
+    key_hash TEXT NOT NULL
 );
 """
 
@@ -202,6 +210,19 @@ class MasterState:
                     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
                     (epoch,),
                 )
+
+    def bind_worker_key(self, worker_id: str, key_hash: str) -> bool:
+        """Bind ``worker_id`` to ``key_hash`` on its first registration; True if the id is
+        (now) bound to that hash, False if another key holds it."""
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT OR IGNORE INTO worker_keys(id, key_hash) VALUES (?, ?)",
+                (worker_id, key_hash),
+            )
+            row = cur.execute(
+                "SELECT key_hash FROM worker_keys WHERE id = ?", (worker_id,)
+            ).fetchone()
+        return bool(row) and hmac.compare_digest(str(row[0]), key_hash)
 
     def load_workers(self) -> list[StoredWorker]:
         rows = self._db.execute(

@@ -3,7 +3,8 @@
 Paths given to a driver are relative to the mount's root URI ("" is the root itself),
 always with '/' separators and no leading slash. Every method raises only the classes
 of :mod:`shoal.errors`: NotFound, PermissionDenied, RetryableStoreError (after the
-bounded retries were spent), FatalStoreError, StaleVersion.
+bounded retries were spent; StoreTimeout when the store did not answer within the
+mount's deadline, see :mod:`shoal.ufs.errors`), FatalStoreError, StaleVersion.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from fsspec.spec import AbstractFileSystem
 from shoal.core.types import FileInfo
 from shoal.errors import FatalStoreError, InvalidArgument, StaleVersion
 from shoal.ufs.base import UnderStore
-from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, StoreHealth, call_with_retry
 from shoal.ufs.options import check_known, coerce_like
 from shoal.ufs.paths import clean_rel, join, mtime_of, redact_uri, relative, version_of
 
@@ -51,6 +51,7 @@ class FsspecStore(UnderStore):
         make_fs: FsFactory,
         *,
         retry: RetryPolicy = DEFAULT_RETRY,
+        store_name: str | None = None,
     ) -> None:
         self._uri = redact_uri(uri).rstrip("/")
         self.scheme = uri.split("://", 1)[0] if "://" in uri else "file"
@@ -62,6 +63,9 @@ class FsspecStore(UnderStore):
         self._fs_pid = 0
         #: secret values blanked out of messages; drivers add what they read
         self._scrub: list[str] = []
+        #: whether the store answers, shared by every operation (see StoreHealth);
+        #: ``store_name`` says where it is in messages (an S3 endpoint, ...)
+        self._health = StoreHealth(store_name or self._uri, retry)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -103,6 +107,7 @@ class FsspecStore(UnderStore):
             policy=self._retry,
             scrub=self._scrub,
             extra=self.backend_errors,
+            health=self._health,
         )
 
     async def _fs_call(self, rel: str, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -3,10 +3,14 @@ and the value of a credential-like key is never echoed back."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from shoal.core.types import SECRET_OPTION_KEYS
 from shoal.errors import InvalidArgument
+from shoal.ufs.errors import RetryPolicy
 
 _SECRETISH = ("secret", "password", "token", "key", "credential")
 
@@ -84,3 +88,23 @@ def coerce_like(key: str, value: object, default: object) -> object:
     if isinstance(default, float):
         return opt_float({key: value}, key, default)
     return value
+
+
+#: mount options of the drivers that bound their requests to the store, in seconds
+#: (see :class:`shoal.ufs.errors.RetryPolicy`): ``connect_timeout``, ``read_timeout``
+#: (how long the store may stay silent), ``deadline`` (one operation, all attempts),
+#: ``hold`` (how long requests fail at once after the store went silent)
+DEADLINE_OPTIONS = ("connect_timeout", "read_timeout", "deadline", "hold")
+
+
+def opt_deadlines(options: Mapping[str, object], base: RetryPolicy) -> RetryPolicy:
+    """``base`` with the DEADLINE_OPTIONS that ``options`` sets (each a number > 0)."""
+    changes: dict[str, Any] = {}
+    for key in DEADLINE_OPTIONS:
+        if options.get(key) is None:
+            continue
+        value = opt_float(options, key, getattr(base, key))
+        if not math.isfinite(value) or value > 86400:
+            raise InvalidArgument(f"invalid value for {key}: must be at most 86400 seconds")
+        changes[key] = value
+    return dataclasses.replace(base, **changes) if changes else base

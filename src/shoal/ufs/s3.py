@@ -11,6 +11,12 @@ Mount options:
   connection is built, so rotated keys are picked up
 - ``profile``: the section of ``credentials_file`` (default ``default``), or without
   it a profile of the standard AWS configuration
+- ``connect_timeout`` (3), ``read_timeout`` (4), ``deadline`` (8), ``hold`` (5):
+  seconds; how long a connection may take, how long the store may stay silent on a
+  request (before its first byte or between chunks), how long one operation may try
+  over all its attempts, and how long requests fail at once after the store went
+  silent (see :mod:`shoal.ufs.errors`). A black-holed store fails a read within
+  ``deadline`` with a StoreTimeout that names the bucket and endpoint.
 
 Without these, credentials come from the environment (``AWS_ACCESS_KEY_ID`` ...), the
 standard AWS chain. Credentials never appear in ``repr``, ``describe()`` or messages.
@@ -40,15 +46,23 @@ from fsspec.spec import AbstractFileSystem
 
 from shoal.core.types import FileInfo
 from shoal.errors import CredentialsError, InvalidArgument
-from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, attempt_timeouts, call_with_retry
 from shoal.ufs.fsspec_driver import FsspecStore, check_range
-from shoal.ufs.options import check_known, opt_bool, opt_choice
-from shoal.ufs.paths import clean_rel, join, mtime_of, relative, version_of
+from shoal.ufs.options import DEADLINE_OPTIONS, check_known, opt_bool, opt_choice, opt_deadlines
+from shoal.ufs.paths import clean_rel, join, mtime_of, redact_uri, relative, version_of
 from shoal.ufs.s3get import FastGet
 
 log = logging.getLogger("shoal.ufs.s3")
 
-OPTIONS = ("endpoint_url", "region", "anon", "addressing", "credentials_file", "profile")
+OPTIONS = (
+    "endpoint_url",
+    "region",
+    "anon",
+    "addressing",
+    "credentials_file",
+    "profile",
+    *DEADLINE_OPTIONS,
+)
 _PAGE = 1000
 
 
@@ -104,7 +118,14 @@ class S3Store(FsspecStore):
         self._profile = options.get("profile") or None
         if self._cred_file:
             read_credentials(self._cred_file, self._profile)  # fail at open time, not first read
-        super().__init__(f"s3://{bucket_path}", bucket_path, self._build, retry=retry)
+        retry = opt_deadlines(options, retry)
+        bucket = bucket_path.partition("/")[0]
+        # messages name the store by bucket and endpoint (a dead proxy or MinIO is then
+        # plain to see); the endpoint carries no credentials (refused above)
+        name = f"s3://{bucket}" + (f" at {redact_uri(self._endpoint)}" if self._endpoint else "")
+        super().__init__(
+            f"s3://{bucket_path}", bucket_path, self._build, retry=retry, store_name=name
+        )
         self.scheme = "s3"
         self._bucket, _, self._prefix = bucket_path.partition("/")
         self._fast: FastGet | None = None
@@ -120,7 +141,13 @@ class S3Store(FsspecStore):
             self._scrub[:] = list(creds.values())
         elif self._profile:
             kwargs["profile"] = self._profile
-        config: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
+        config: dict[str, Any] = {
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
+            # botocore's timeouts are per client, not per request: an attempt started
+            # late in an operation's deadline may overrun it by up to read_timeout
+            "connect_timeout": self._retry.connect_timeout,
+            "read_timeout": self._retry.read_timeout,
+        }
         if self._addressing:
             config["s3"] = {"addressing_style": self._addressing}
         client: dict[str, Any] = {"region_name": self._region} if self._region else {}
@@ -191,9 +218,11 @@ class S3Store(FsspecStore):
         key = self._key(rel)
 
         async def once() -> Any:
-            return await fast.get(key, start, end, version)
+            return await fast.get(key, start, end, version, attempt_timeouts(self._retry))
 
-        reply = await call_with_retry(once, self._where(rel), policy=self._retry, scrub=self._scrub)
+        reply = await call_with_retry(
+            once, self._where(rel), policy=self._retry, scrub=self._scrub, health=self._health
+        )
         if reply.status == 416:
             return None
         return reply.headers, reply.body  # case-insensitive: servers spell ETag their way

@@ -56,9 +56,10 @@ class FastGet:
         owner = (asyncio.get_running_loop(), os.getpid())
         if self._session is None or self._owner != owner or self._session.closed:
             # a session belongs to one loop in one process (fork, new asyncio.run)
+            # no session-wide timeout: each request gets its attempt's (see get)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=256, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(total=120, sock_connect=10),
+                timeout=aiohttp.ClientTimeout(total=None),
                 auto_decompress=False,
             )
             self._owner = owner
@@ -79,19 +80,36 @@ class FastGet:
         )
         return dict(req.headers.items())
 
-    async def get(self, key: str, start: int, end: int | None, if_match: str | None) -> Reply:
-        """GET bytes [start, end] (inclusive; None = to the end) of one object."""
+    async def get(
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        if_match: str | None,
+        timeouts: tuple[float, float],
+    ) -> Reply:
+        """GET bytes [start, end] (inclusive; None = to the end) of one object.
+
+        ``timeouts`` is (connect, read): seconds to connect, and how long the store may
+        stay silent (for the head of its answer and between chunks of the body); no
+        total, so a large body that keeps arriving is never cut."""
         url = self.base + "/" + urllib.parse.quote(key, safe="/~")
         headers = {"Range": f"bytes={start}-" + ("" if end is None else str(end))}
         if if_match is not None:
             headers["If-Match"] = f'"{if_match}"'
         signed = self._sign(url, headers)
+        connect, read = timeouts
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
         try:
-            async with self._http().get(URL(url, encoded=True), headers=signed) as r:
+            async with self._http().get(
+                URL(url, encoded=True), headers=signed, timeout=timeout
+            ) as r:
                 body = await r.read()
                 reply = Reply(r.status, r.headers, body)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise RetryableStoreError(f"GET {key}: {type(exc).__name__}") from None
+            # chained: the retry loop tells a silent store (a timeout) from one that
+            # answered; the text never carries the request's signature
+            raise RetryableStoreError(f"GET {key}: {type(exc).__name__}") from exc
         if reply.status in (200, 206, 416):
             return reply
         raise _error(reply, key)

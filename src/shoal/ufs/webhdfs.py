@@ -2,8 +2,11 @@
 fsspec's WebHDFS implementation (sync, ``requests``; called from worker threads).
 
 URI: ``webhdfs://[user@]namenode[:port]/path`` (port 9870 when omitted). Mount options:
-``user`` (the simple-auth user name), ``use_https``, ``timeout`` (seconds per HTTP
-request, default 30). Kerberos (SPNEGO) is not supported.
+``user`` (the simple-auth user name), ``use_https``, ``connect_timeout`` (3),
+``read_timeout`` (4), ``deadline`` (8), ``hold`` (5) as for s3 (see
+:mod:`shoal.ufs.errors`), and ``timeout``: one value for both the connect and the read
+timeout of every HTTP request (then not cut to the deadline). Kerberos (SPNEGO) is not
+supported.
 
 A ranged read is one OPEN with offset and length (following the namenode's redirect
 to a datanode); HDFS has no conditional read, so with a version the file status is
@@ -13,7 +16,6 @@ checked before and after and a change raises StaleVersion. version = size-mtime.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -22,14 +24,14 @@ from fsspec.spec import AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
 from shoal.errors import InvalidArgument, StaleVersion
-from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy
+from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, attempt_timeouts
 from shoal.ufs.fsspec_driver import FsspecStore, check_range
-from shoal.ufs.options import check_known, opt_bool, opt_float
+from shoal.ufs.options import DEADLINE_OPTIONS, check_known, opt_bool, opt_deadlines, opt_float
 from shoal.ufs.paths import clean_rel
 
 log = logging.getLogger("shoal.ufs.webhdfs")
 
-OPTIONS = ("user", "use_https", "timeout", "kerberos")
+OPTIONS = ("user", "use_https", "timeout", "kerberos", *DEADLINE_OPTIONS)
 DEFAULT_PORT = 9870
 
 
@@ -58,10 +60,16 @@ class WebHdfsStore(FsspecStore):
         self._port = int(parts.get("port") or DEFAULT_PORT)
         self._user = options.get("user") or parts.get("username") or None
         self._https = opt_bool(options, "use_https", False)
-        self._timeout = opt_float(options, "timeout", 30.0)
+        #: an explicit per-request timeout, else each attempt's (see _build)
+        self._timeout = opt_float(options, "timeout", 0.0) if "timeout" in options else None
+        retry = opt_deadlines(options, retry)
         root = "/" + str(parts.get("path") or "").strip("/")
         super().__init__(
-            f"webhdfs://{self._host}:{self._port}{root}", root, self._build, retry=retry
+            f"webhdfs://{self._host}:{self._port}{root}",
+            root,
+            self._build,
+            retry=retry,
+            store_name=f"webhdfs://{self._host}:{self._port}",
         )
         self.scheme = "webhdfs"
 
@@ -76,8 +84,18 @@ class WebHdfsStore(FsspecStore):
             skip_instance_cache=True,
             use_listings_cache=False,
         )
-        # requests has no session-wide timeout; without one a stuck namenode hangs a thread
-        fs.session.request = functools.partial(fs.session.request, timeout=self._timeout)
+        # requests has no session-wide timeout; without one a stuck namenode hangs a
+        # thread. Each request takes its attempt's (connect, read) timeouts, read when
+        # it is sent: asyncio.to_thread carries the attempt's context into the thread.
+        send = fs.session.request
+
+        def request(*args: Any, **kwargs: Any) -> Any:
+            if "timeout" not in kwargs:
+                fixed = self._timeout
+                kwargs["timeout"] = fixed if fixed is not None else attempt_timeouts(self._retry)
+            return send(*args, **kwargs)
+
+        fs.session.request = request
         return fs
 
     async def read(self, path: str, start: int, end: int, version: str | None = None) -> bytes:
