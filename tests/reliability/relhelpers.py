@@ -279,3 +279,15 @@ def ring_size(cluster: TestCluster) -> int:
             return len(json.loads(r.read())["workers"])
     except OSError:
         return -1
+
+
+def integration_module(name: str) -> Any:
+    """A module of tests/integration (its helpers and tables, reused here rather than
+    copied): the directory is appended to sys.path, so a module pytest already imported
+    under that name (rootdir-relative basename, no __init__.py) is the same object."""
+    import importlib
+
+    where = str(Path(__file__).resolve().parents[1] / "integration")
+    if where not in sys.path:
+        sys.path.append(where)
+    return importlib.import_module(name)
