@@ -9,14 +9,10 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -25,15 +21,13 @@ import pytest
 
 from shoal.core.types import Mount
 from shoal.fuse import kernel
-from shoal.fuse.service import read_state
 from shoal.testing.cluster import TestCluster, sample_files, start_cluster
+from shoal.testing.fuse import Mounted, can_mount, mount_cli, mounted
 from shoal.testing.s3 import MotoServer, make_bucket
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or os.geteuid() != 0, reason="needs /dev/fuse and root"
-    ),
+    pytest.mark.skipif(not can_mount(), reason="needs /dev/fuse and root"),
 ]
 
 MiB = 1 << 20
@@ -41,64 +35,6 @@ MiB = 1 << 20
 
 def h(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
-
-
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shoal.cli.mount", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-@dataclass
-class Mounted:
-    path: Path
-    state_dir: Path
-
-    @property
-    def state(self) -> dict:
-        s = read_state(str(self.state_dir), str(self.path))
-        assert s is not None
-        return s
-
-    def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.state['metrics_port']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line.startswith("shoal_fuse_"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
-
-    def requests(self, op: str) -> int:
-        return int(self.metrics().get(f'shoal_fuse_requests_total{{op="{op}"}}', 0))
-
-
-@contextmanager
-def mounted(master: str, where: Path, *extra: str, watchdog_s: float = 120) -> Iterator[Mounted]:
-    """`shoal mount` as a daemon; always unmounted (lazily if need be) afterwards."""
-    mp, state = where / "mnt", where / "mounts"
-    mp.mkdir(parents=True, exist_ok=True)
-    r = _cli("mount", str(mp), "--master", master, "--metrics-port", "0",
-             "--state-dir", str(state), *extra)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    m = Mounted(mp, state)
-    # a request the daemon never answers would block the test in the kernel for good:
-    # past the deadline, kill the daemon (the kernel then fails every request)
-    watchdog = threading.Timer(watchdog_s, os.kill, (m.state["pid"], signal.SIGKILL))
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        yield m
-    finally:
-        watchdog.cancel()
-        _cli("umount", str(mp), "--state-dir", str(state), timeout=30)
-        if kernel.is_mounted(str(mp)):
-            kernel.umount(str(mp), lazy=True)
 
 
 # -- one cluster and one mount for the read-only checks ---------------------------------
@@ -340,12 +276,12 @@ def test_umount_after_sigterm_and_after_crash(cluster: TestCluster, tmp_path: Pa
         with pytest.raises(OSError) as e:
             os.listdir(m.path)
         assert e.value.errno == errno.ENOTCONN
-        r = _cli("umount", str(m.path), "--state-dir", str(m.state_dir))
+        r = mount_cli("umount", str(m.path), "--state-dir", str(m.state_dir))
         assert r.returncode == 0, r.stderr
         assert not kernel.is_mounted(str(m.path))
         assert os.listdir(m.path) == []
         # and it mounts again on the same point
-        r = _cli("mount", str(m.path), "--master", cluster.master_url,
+        r = mount_cli("mount", str(m.path), "--master", cluster.master_url,
                  "--state-dir", str(m.state_dir))  # fmt: skip
         assert r.returncode == 0, r.stderr
         assert (m.path / "ds/m/a.txt").read_bytes() == b"hello"
