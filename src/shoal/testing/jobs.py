@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,22 +53,9 @@ class JobCluster(TestCluster):
 
     __test__ = False
 
-    def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
-        log = self.dir / f"{name}.log"
-        env = dict(os.environ)
-        env.update(self.env)
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "shoal.testing.jobs", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        self.procs[name] = proc
-        self.pids[name] = proc.pid
-        return proc, log
+    def command(self, name: str, args: list[str]) -> list[str]:
+        # the same roles, started through this module so the knobs are patched in first
+        return [sys.executable, "-m", "shoal.testing.jobs", *args]
 
 
 def start_job_cluster(dir: Path, knobs: dict[str, Any], workers: int = 2, **kw: Any) -> JobCluster:
