@@ -408,7 +408,9 @@ def test_thousands_of_idle_connections_leave_others_served(
             s.close()
     t1 = time.monotonic()
     try:
-        wait_for(lambda: fd_count(pid) <= fds0 + FD_SLACK, 30, "the connections released")
+        # 3,000 connections must not leave 3,000 fds; a few dozen more than the baseline
+        # were seen under a loaded CI run (pools to the master and store): allow 128
+        wait_for(lambda: fd_count(pid) <= fds0 + 128, 30, "the connections released")
     except AssertionError:
         raise AssertionError(f"worker fds {fd_count(pid)}, baseline {fds0}") from None
     release_s = time.monotonic() - t1

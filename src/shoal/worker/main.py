@@ -246,13 +246,18 @@ class Worker:
 
     async def _refresh_on_miss(self) -> bool:
         """A client named a dataset we do not know: ask the master once for all waiters,
-        at most 5 times a second. True when the caller should look again."""
+        at most 5 times a second (later callers wait for the next one). True when the caller
+        should look again."""
         task = self._refresh_task
         if task is None or task.done():
-            now = time.monotonic()
-            if now - self._last_refresh < 0.2:
-                return task is not None
-            self._last_refresh = now
+            # a refresh moments ago may predate the dataset this client names: wait out
+            # the rate limit and refresh again rather than answer "not found"
+            wait = self._last_refresh + 0.2 - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                task = self._refresh_task  # another waiter may have started one meanwhile
+        if task is None or task.done():
+            self._last_refresh = time.monotonic()
             task = self._refresh_task = asyncio.get_running_loop().create_task(
                 self._refresh_datasets(self.table.generation)
             )
