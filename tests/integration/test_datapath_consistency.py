@@ -122,7 +122,14 @@ def test_page_size_change_while_reading_never_returns_wrong_or_short_bytes(
     assert stale == [], f"readers still used the old page size after {stale}"
     # the change kept the cache: small files are whole in every layout, so reading them
     # all again fetches nothing from the store
-    base = _metric(cluster, "shoal_ufs_requests_total")
+    # readahead of the large files may still be landing: count from when it settled
+    base, deadline = _metric(cluster, "shoal_ufs_requests_total"), time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _metric(cluster, "shoal_ufs_requests_total")
+        if now == base:
+            break
+        base = now
     assert base >= ufs_before
     with cluster.client(short_circuit=False) as c:
         for k, v in small.items():
