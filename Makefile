@@ -7,6 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEBS := procps iproute2
+# issue 15 gateways:
+GATEWAY_DEBS :=
+# issue 17 console:
+CONSOLE_DEBS :=
+# issue 14 kubernetes:
+K8S_DEBS :=
+DEBS += $(GATEWAY_DEBS) $(CONSOLE_DEBS) $(K8S_DEBS)
 
 BENCH_DEBS := ceph ceph-mon ceph-osd ceph-mgr radosgw rclone s3fs fuse3 iproute2
 
