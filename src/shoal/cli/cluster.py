@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from shoal.cli import master_admin
 from shoal.cli.local import LocalCluster, default_dir, down, load_state
 from shoal.cli.output import add_json, emit_json
 from shoal.config import MasterSettings, TierSpec, WorkerSettings, master_from_env, node_name
@@ -73,6 +74,7 @@ def register(sub: Any) -> None:
     p.add_argument("--url-file", default=None, help="write the URL here once listening")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(handler=cmd_master)
+    master_admin.register(p)
 
     p = sub.add_parser("worker", help="run a worker in the foreground")
     p.add_argument("--master", required=False, help="master URL (default $SHOAL_MASTER)")

@@ -118,6 +118,14 @@ class JobState:
     def close(self) -> None:
         self._db.close()
 
+    def backup_into(self, dest: str) -> None:
+        """An online, consistent copy of the database as a new file at ``dest``."""
+        out = sqlite3.connect(dest)
+        try:
+            self._db.backup(out)
+        finally:
+            out.close()
+
     def _x(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, args)
 

@@ -31,6 +31,7 @@ import shoal
 from shoal.config import MasterSettings
 from shoal.errors import InvalidArgument, NotFound, ShoalError
 from shoal.master import validate
+from shoal.master.adminroutes import add_admin_routes
 from shoal.master.jobroutes import add_job_routes
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService
@@ -158,6 +159,7 @@ def make_app(service: MasterService) -> web.Application:
     app.router.add_get(control.REPORT, _report)
     app.router.add_get(control.METRICS, metrics)
     add_job_routes(app, service.jobs)
+    add_admin_routes(app, service)
     return app
 
 

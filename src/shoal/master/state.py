@@ -108,6 +108,14 @@ class MasterState:
     def close(self) -> None:
         self._db.close()
 
+    def backup_into(self, dest: str) -> None:
+        """An online, consistent copy of the database as a new file at ``dest``."""
+        out = sqlite3.connect(dest)
+        try:
+            self._db.backup(out)
+        finally:
+            out.close()
+
     def _tx(self) -> _Tx:
         return _Tx(self._db)
 

@@ -66,6 +66,9 @@ TASK = f"{API_PREFIX}/tasks/{{id}}"
 #: the dataset's manifest as msgpack bytes, its id in the MANIFEST_HEADER
 MANIFEST = f"{API_PREFIX}/datasets/{{name}}/manifest"
 MANIFEST_HEADER = "X-Shoal-Manifest"
+#: the master's online backup (a tar, see shoal.master.backup)
+BACKUP = f"{API_PREFIX}/backup"
+BACKUP_HEADER = "X-Shoal-Backup-Created"
 MSGPACK = "application/msgpack"
 #: longest a watch poll is held open (seconds); a larger ``timeout`` is capped to it
 WATCH_MAX_TIMEOUT = 60.0

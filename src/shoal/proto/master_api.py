@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import aiohttp
 import msgpack
@@ -26,7 +26,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from shoal.core.manifest import Manifest
-from shoal.errors import NotFound, ProtocolError, Unavailable
+from shoal.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
 from shoal.proto import control as api
 
 #: returns the aiohttp session to send on (created, or re-created, by the caller)
@@ -61,10 +61,23 @@ class MasterAPI:
     """The master's API at ``master`` (``http://host:port``) over ``session()``."""
 
     def __init__(self, master: str, session: SessionFactory) -> None:
-        self.master = master.rstrip("/")
+        #: every address the master may answer at, in order ("URL,URL,..."): a restored
+        #: or standby master on another host is found without reconfiguring anyone
+        self.masters = [m.strip().rstrip("/") for m in master.split(",") if m.strip()]
+        if not self.masters:
+            raise InvalidArgument("no master URL")
+        self._at = 0
         self._session = session
-        #: the URL as errors name it: never with credentials a URL may carry
-        self._shown = str(URL(self.master).with_user(None)) if "@" in self.master else self.master
+
+    @property
+    def master(self) -> str:
+        """The address that answered last (the first one until one fails)."""
+        return self.masters[self._at]
+
+    @staticmethod
+    def _shown(url: str) -> str:
+        """The URL as errors name it: never with credentials a URL may carry."""
+        return str(URL(url).with_user(None)) if "@" in url else url
 
     # -- transport --------------------------------------------------------------------
 
@@ -90,16 +103,26 @@ class MasterAPI:
             kw["params"] = dict(params)
         if timeout is not None:
             kw["timeout"] = timeout
-        try:
-            async with self._session().request(method, self.master + path, **kw) as r:
-                status = r.status
-                raw = await r.read()
-                # case-insensitive, as HTTP headers are (a proxy may lowercase them)
-                headers = CIMultiDict(r.headers)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            # OSError: NotFound and PermissionDenied are OSErrors too, but none is raised
-            # inside this block; what lands here is the connection's own failure
-            raise Unavailable(f"master at {self._shown} unreachable: {exc!r}") from None
+        for tries in range(len(self.masters)):
+            url = self.master
+            try:
+                async with self._session().request(method, url + path, **kw) as r:
+                    status = r.status
+                    raw = await r.read()
+                    # case-insensitive, as HTTP headers are (a proxy may lowercase them)
+                    headers = CIMultiDict(r.headers)
+                break
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # nothing was sent: the next address may take the request
+                if tries + 1 < len(self.masters):
+                    self._at = (self._at + 1) % len(self.masters)
+                    continue
+                raise Unavailable(f"master at {self._shown(url)} unreachable: {exc!r}") from None
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                # OSError: NotFound and PermissionDenied are OSErrors too, but none is
+                # raised inside this block; what lands here is the connection's failure.
+                # The request may have arrived: it is not sent to another address.
+                raise Unavailable(f"master at {self._shown(url)} unreachable: {exc!r}") from None
         if status >= 400:
             api.raise_for_error(status, _decoded(raw))
         return Answer(status, raw, headers)
@@ -183,6 +206,31 @@ class MasterAPI:
         req = {"stats": dict(stats)}
         data = await self._object("POST", api.heartbeat_path(worker_id), req)
         return cast(api.HeartbeatResponse, data)
+
+    # -- admin ------------------------------------------------------------------------
+
+    async def backup(self, out: BinaryIO) -> int:
+        """Stream the master's online backup (a tar, see shoal.master.backup) into
+        ``out``; returns the bytes written. A backup may be large: no total timeout."""
+        url = self.master
+        hold = aiohttp.ClientTimeout(total=None, connect=10, sock_read=300)
+        try:
+            async with self._session().get(url + api.BACKUP, timeout=hold) as r:
+                if r.status >= 400:
+                    api.raise_for_error(r.status, _decoded(await r.read()))
+                want = r.content_length
+                n = 0
+                async for chunk in r.content.iter_chunked(1 << 20):
+                    out.write(chunk)
+                    n += len(chunk)
+        except aiohttp.ClientConnectorError as exc:
+            why = exc.os_error.strerror or str(exc.os_error)
+            raise Unavailable(f"master at {self._shown(url)} unreachable ({why})") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Unavailable(f"backup from {self._shown(url)} failed: {exc!r}") from None
+        if want is not None and n != want:
+            raise Unavailable(f"backup from {self._shown(url)} ended after {n} of {want} bytes")
+        return n
 
     # -- jobs -------------------------------------------------------------------------
 
