@@ -3,13 +3,14 @@
 Every field has a docstring-style comment; every settings class validates itself where it
 is built (``__post_init__``), so a bad value raises InvalidArgument with a one-line
 message, never an ``assert`` and never later, deep in a server. The environment is read
-in exactly three places: :func:`master_from_env` (``SHOAL_MASTER``), :func:`node_name`
-(``SHOAL_NODE``) and :func:`shoal_home` (``SHOAL_HOME``); the CLI maps its flags onto
-these classes.
+in exactly four places: :func:`master_from_env` (``SHOAL_MASTER``), :func:`node_name`
+(``SHOAL_NODE``), :func:`shoal_home` (``SHOAL_HOME``) and :func:`token_for`
+(``SHOAL_TOKEN``, ``SHOAL_TOKEN_FILE``); the CLI maps its flags onto these classes.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -21,6 +22,10 @@ from shoal.errors import InvalidArgument
 
 ENV_MASTER = "SHOAL_MASTER"
 ENV_HOME = "SHOAL_HOME"
+ENV_TOKEN = "SHOAL_TOKEN"
+ENV_TOKEN_FILE = "SHOAL_TOKEN_FILE"
+#: tokens by master URL, written by ``shoal up`` (mode 0600)
+CREDENTIALS_FILE = "credentials.json"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class MasterSettings:
     url_file: str | None = None
     #: directories file:// mounts may read (resolved); empty: file:// mounts are refused
     file_roots: tuple[str, ...] = ()
+    #: the cluster secret (see shoal.core.tokens); None: the API is open to anyone
+    secret_file: str | None = None
 
     def __post_init__(self) -> None:
         _port("master", self.port)
@@ -159,6 +166,8 @@ class ClientSettings:
     #: fall back to reading under storage when no worker can serve
     ufs_fallback: bool = True
     node: str = field(default_factory=node_name)
+    #: token for the master's API (None: shoal.config.token_for finds one); never shown
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.master:
@@ -169,6 +178,30 @@ class ClientSettings:
             raise InvalidArgument(f"client: pool_size must be an integer, got {self.pool_size!r}")
         if self.pool_size < 1:
             raise InvalidArgument(f"client: pool_size must be at least 1, got {self.pool_size}")
+
+
+def token_for(master: str) -> str | None:
+    """The token to present to ``master``: ``SHOAL_TOKEN``, else the file named by
+    ``SHOAL_TOKEN_FILE``, else what ``shoal up`` stored for that master URL in
+    ``<shoal home>/credentials.json``; None when there is none (an open cluster)."""
+    token = os.environ.get(ENV_TOKEN, "").strip()
+    if token:
+        return token
+    path = os.environ.get(ENV_TOKEN_FILE)
+    if path:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError as exc:
+            raise InvalidArgument(f"{ENV_TOKEN_FILE}={path}: {exc.strerror}") from None
+    try:
+        saved = json.loads((shoal_home() / CREDENTIALS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    for url in master.split(","):
+        found = saved.get(url.strip().rstrip("/")) if isinstance(saved, dict) else None
+        if isinstance(found, str) and found:
+            return found
+    return None
 
 
 def master_from_env(explicit: str | None, hint: str = "pass master=URL") -> str:

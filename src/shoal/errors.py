@@ -12,6 +12,7 @@
     │   └── CredentialsError    credentials      EACCES        403   yes
     ├── NotFound                not_found        ENOENT        404   yes    a FileNotFoundError
     ├── PermissionDenied        denied           EACCES        403   yes    a PermissionError
+    │   └── Unauthenticated     unauthenticated  EACCES        401   yes    no valid token
     ├── IsADirectory            is_dir           EISDIR        404   yes    an IsADirectoryError
     ├── StoreError              store            EIO           502          under storage failed
     │   ├── RetryableStoreError store_retryable  EIO           503          timeouts, resets, 5xx
@@ -201,6 +202,13 @@ class PermissionDenied(ShoalError, PermissionError):
     errno = _errno.EACCES
     http_status = 403
     user_fault = True
+
+
+class Unauthenticated(PermissionDenied):
+    """No credentials, or credentials this cluster did not issue (or that expired)."""
+
+    code = "unauthenticated"
+    http_status = 401
 
 
 class IsADirectory(ShoalError, IsADirectoryError):

@@ -83,7 +83,8 @@ def call(http: aiohttp.ClientSession, master: MasterServer) -> Call:
 
 async def test_health_and_dataset_crud(call: Call, master: MasterServer) -> None:
     assert master.url.startswith("http://127.0.0.1:") and master.port > 0
-    assert await call("GET", control.HEALTH) == (200, {"ok": True, "version": shoal.__version__})
+    health = {"ok": True, "version": shoal.__version__, "auth": False}
+    assert await call("GET", control.HEALTH) == (200, health)
 
     status, body = await call("POST", control.DATASETS, DATASET)
     assert status == 201

@@ -26,6 +26,7 @@ TABLE: list[tuple[type[e.ShoalError], str, int, int, bool, type[OSError]]] = [
     (e.CredentialsError, "credentials", errno.EACCES, 403, True, PermissionError),
     (e.NotFound, "not_found", errno.ENOENT, 404, True, FileNotFoundError),
     (e.PermissionDenied, "denied", errno.EACCES, 403, True, PermissionError),
+    (e.Unauthenticated, "unauthenticated", errno.EACCES, 401, True, PermissionError),
     (e.IsADirectory, "is_dir", errno.EISDIR, 404, True, IsADirectoryError),
     (e.StoreError, "store", errno.EIO, 502, False, OSError),
     (e.RetryableStoreError, "store_retryable", errno.EIO, 503, False, OSError),

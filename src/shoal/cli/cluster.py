@@ -11,6 +11,7 @@ from typing import Any
 from shoal.cli import master_admin
 from shoal.cli.local import LocalCluster, default_dir, down, load_state
 from shoal.cli.output import add_json, emit_json
+from shoal.cli.tokens import forget_credentials, save_credentials
 from shoal.config import MasterSettings, TierSpec, WorkerSettings, master_from_env, node_name
 from shoal.core.types import parse_size
 from shoal.errors import InvalidArgument, ShoalError
@@ -30,6 +31,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--disk", default="4GiB", help="disk tier per worker")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    p.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="run without a cluster secret: anyone who reaches the ports may use the cluster",
+    )
     p.add_argument(
         "--file-root",
         action="append",
@@ -72,6 +78,12 @@ def register(sub: Any) -> None:
         help="allow file:// mounts under DIR (repeatable; default: none, file:// refused)",
     )
     p.add_argument("--url-file", default=None, help="write the URL here once listening")
+    p.add_argument(
+        "--secret-file",
+        default=None,
+        metavar="FILE",
+        help="the cluster secret (mode 600): require tokens signed with it (default: open API)",
+    )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(handler=cmd_master)
     master_admin.register(p)
@@ -116,13 +128,21 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
     roots = tuple(_roots(args.file_root)) or (tempfile.gettempdir(),)
     cluster = LocalCluster(
-        d, workers=args.workers, mem=args.mem, disk=args.disk, host=args.host, file_roots=roots
+        d,
+        workers=args.workers,
+        mem=args.mem,
+        disk=args.disk,
+        host=args.host,
+        file_roots=roots,
+        auth=not args.no_auth,
     )
     try:
         url = cluster.start()
     except ShoalError:
         cluster.stop()
         raise
+    if cluster.auth:
+        save_credentials(url, cluster.admin_token_file.read_text().strip())
     if args.json:
         emit_json({"master": url, "dir": str(d), "pids": cluster.pids})
     else:
@@ -132,7 +152,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     d: Path = (args.dir or default_dir()).resolve()
+    state = load_state(d)
     names = down(d)
+    if state is not None:
+        forget_credentials(str(state["master"]))
     print(f"stopped {', '.join(names)}")
     return 0
 
@@ -151,6 +174,7 @@ def cmd_master(args: argparse.Namespace) -> int:
             worker_expiry=args.worker_expiry,
             url_file=args.url_file,
             file_roots=tuple(_roots(args.file_root)),
+            secret_file=args.secret_file,
         )
     )
     return 0

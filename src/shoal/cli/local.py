@@ -30,7 +30,7 @@ def default_dir() -> Path:
     return shoal_home() / "cluster"
 
 
-async def _ring_reaches(master: str, n: int, timeout: float) -> bool:
+async def _ring_reaches(master: str, n: int, timeout: float, token: str | None = None) -> bool:
     """Poll the master's ring until it has ``n`` workers; False after ``timeout``."""
     import asyncio
 
@@ -42,7 +42,7 @@ async def _ring_reaches(master: str, n: int, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-        master_api = MasterAPI(master, lambda: http)
+        master_api = MasterAPI(master, lambda: http, token=token)
         while loop.time() < deadline:
             try:
                 if len(ring_from_response(await master_api.ring()).members) == n:
@@ -88,6 +88,8 @@ class LocalCluster:
     file_roots: tuple[str, ...] = field(default_factory=lambda: (tempfile.gettempdir(),))
     #: extra environment for the processes (e.g. AWS credentials for a test store)
     env: dict[str, str] = field(default_factory=dict)
+    #: tokens required (a cluster secret in ``dir``; see shoal.core.tokens)
+    auth: bool = False
     master_url: str = ""
     master_port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -100,10 +102,44 @@ class LocalCluster:
         (``ip netns exec``) or append flags (argparse: the last of a repeated one wins)."""
         return [sys.executable, "-m", "shoal", *args]
 
+    # -- authentication ---------------------------------------------------------------
+
+    @property
+    def secret_file(self) -> Path:
+        return self.dir / "secret"
+
+    @property
+    def admin_token_file(self) -> Path:
+        """The admin's token (``shoal up`` also stores it for the CLI and clients)."""
+        return self.dir / "admin.token"
+
+    @property
+    def worker_token_file(self) -> Path:
+        return self.dir / "worker.token"
+
+    def prepare_auth(self) -> None:
+        """The cluster secret and the admin's and the workers' tokens (kept across
+        restarts of the cluster from the same directory)."""
+        from shoal.core.tokens import ADMIN, WORKER, load_secret, mint, new_secret, write_token
+
+        secret = load_secret(self.secret_file) if self.secret_file.exists() else None
+        if secret is None:
+            secret = new_secret(self.secret_file)
+        if not self.admin_token_file.exists():
+            write_token(self.admin_token_file, mint(secret, "admin", ADMIN))
+        if not self.worker_token_file.exists():
+            write_token(self.worker_token_file, mint(secret, "workers", WORKER))
+
     def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.dir / f"{name}.log"
         env = dict(os.environ)
         env.update(self.env)
+        if self.auth:
+            if name == "master":
+                args = [*args, "--secret-file", str(self.secret_file)]
+            elif name.startswith("worker"):
+                env["SHOAL_TOKEN_FILE"] = str(self.worker_token_file)
+                env.pop("SHOAL_TOKEN", None)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 self.command(name, args),
@@ -180,6 +216,8 @@ class LocalCluster:
 
     def start(self) -> str:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.auth:
+            self.prepare_auth()
         self.start_master()
         for i in range(self.workers):
             self.start_worker(i)
@@ -192,7 +230,8 @@ class LocalCluster:
         Called from synchronous code (the CLI, test fixtures), never inside a loop."""
         import asyncio
 
-        if not asyncio.run(_ring_reaches(self.master_url, n, timeout)):
+        token = self.admin_token_file.read_text().strip() if self.auth else None
+        if not asyncio.run(_ring_reaches(self.master_url, n, timeout, token)):
             raise Unavailable(f"{n} workers did not join the ring within {timeout:.0f}s")
 
     def save(self) -> None:

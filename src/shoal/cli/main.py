@@ -27,7 +27,7 @@ def exit_status(exc: ShoalError) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from shoal.cli import bench, cluster, dataset, fs, gateway, jobs, mount, report
+    from shoal.cli import bench, cluster, dataset, fs, gateway, jobs, mount, report, tokens
 
     p = argparse.ArgumentParser(
         prog="shoal", description="A distributed dataset cache for AI training."
@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"shoal {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     cluster.register(sub)
+    tokens.register(sub)
     dataset.register(sub)
     fs.register(sub)
     mount.register(sub)

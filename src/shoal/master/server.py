@@ -29,9 +29,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import shoal
 from shoal.config import MasterSettings
+from shoal.core.tokens import load_secret
 from shoal.errors import InvalidArgument, NotFound, ShoalError
 from shoal.master import validate
 from shoal.master.adminroutes import add_admin_routes
+from shoal.master.auth import Gate, visible
 from shoal.master.jobroutes import add_job_routes
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService
@@ -41,6 +43,7 @@ from shoal.proto import control
 log = logging.getLogger("shoal.master.server")
 
 _SERVICE: web.AppKey[MasterService] = web.AppKey("service", MasterService)
+_GATE: web.AppKey[Gate] = web.AppKey("gate", Gate)
 #: largest request body the master accepts
 MAX_BODY = 1 << 30
 
@@ -89,7 +92,8 @@ def _service(request: web.Request) -> MasterService:
 
 
 async def _health(request: web.Request) -> web.Response:
-    body: control.HealthResponse = {"ok": True, "version": shoal.__version__}
+    gate = request.app[_GATE]
+    body: control.HealthResponse = {"ok": True, "version": shoal.__version__, "auth": gate.on}
     return web.json_response(body)
 
 
@@ -99,7 +103,8 @@ async def _create_dataset(request: web.Request) -> web.Response:
 
 
 async def _list_datasets(request: web.Request) -> web.Response:
-    return web.json_response({"datasets": [d.to_dict() for d in _service(request).list_datasets()]})
+    found = visible(request, _service(request).list_datasets(), lambda d: d.name)
+    return web.json_response({"datasets": [d.to_dict() for d in found]})
 
 
 async def _get_dataset(request: web.Request) -> web.Response:
@@ -132,14 +137,19 @@ async def _ring(request: web.Request) -> web.Response:
 
 
 async def _report(request: web.Request) -> web.Response:
-    return web.json_response(_service(request).report())
+    report = _service(request).report()
+    report["datasets"] = visible(request, report["datasets"], lambda d: d["name"])
+    return web.json_response(report)
 
 
-def make_app(service: MasterService) -> web.Application:
-    """The aiohttp application serving ``service`` (no socket bound yet)."""
+def make_app(service: MasterService, gate: Gate | None = None) -> web.Application:
+    """The aiohttp application serving ``service`` (no socket bound yet); ``gate``
+    checks tokens (see shoal.master.auth; None: an open API)."""
+    gate = gate or Gate(None)
     # listing results of a million files arrive in one task report (~70 MB of msgpack)
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[_errors, gate.middleware], client_max_size=MAX_BODY)
     app[_SERVICE] = service
+    app[_GATE] = gate
     registry = make_registry(service.snapshot)
 
     async def metrics(request: web.Request) -> web.Response:
@@ -159,7 +169,7 @@ def make_app(service: MasterService) -> web.Application:
     app.router.add_get(control.REPORT, _report)
     app.router.add_get(control.METRICS, metrics)
     add_job_routes(app, service.jobs)
-    add_admin_routes(app, service)
+    add_admin_routes(app, service, gate)
     return app
 
 
@@ -169,7 +179,10 @@ class MasterServer:
     def __init__(self, settings: MasterSettings, service: MasterService) -> None:
         self.settings = settings
         self.service = service
-        self._runner = web.AppRunner(make_app(service), access_log=None)
+        secret = load_secret(settings.secret_file) if settings.secret_file else None
+        if secret is None:
+            log.warning("authentication is off: anyone who reaches this port may change the cluster")
+        self._runner = web.AppRunner(make_app(service, Gate(secret)), access_log=None)
         self._ticker: asyncio.Task[None] | None = None
         self._port = 0
 

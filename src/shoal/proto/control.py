@@ -69,6 +69,8 @@ MANIFEST_HEADER = "X-Shoal-Manifest"
 #: the master's online backup (a tar, see shoal.master.backup)
 BACKUP = f"{API_PREFIX}/backup"
 BACKUP_HEADER = "X-Shoal-Backup-Created"
+#: tokens minted by the master (admin only)
+TOKENS = f"{API_PREFIX}/tokens"
 MSGPACK = "application/msgpack"
 #: longest a watch poll is held open (seconds); a larger ``timeout`` is capped to it
 WATCH_MAX_TIMEOUT = 60.0
@@ -148,9 +150,11 @@ class DeleteDatasetResponse(TypedDict):
     deleted: str
 
 
-class HealthResponse(TypedDict):
+class HealthResponse(TypedDict, total=False):
     ok: bool
     version: str
+    #: whether the master requires tokens
+    auth: bool
 
 
 # --- workers and the ring ---------------------------------------------------------------

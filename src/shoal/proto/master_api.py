@@ -25,6 +25,7 @@ import msgpack
 from multidict import CIMultiDict
 from yarl import URL
 
+from shoal.config import token_for
 from shoal.core.manifest import Manifest
 from shoal.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
 from shoal.proto import control as api
@@ -60,7 +61,7 @@ def _decoded(raw: bytes) -> Any:
 class MasterAPI:
     """The master's API at ``master`` (``http://host:port``) over ``session()``."""
 
-    def __init__(self, master: str, session: SessionFactory) -> None:
+    def __init__(self, master: str, session: SessionFactory, token: str | None = None) -> None:
         #: every address the master may answer at, in order ("URL,URL,..."): a restored
         #: or standby master on another host is found without reconfiguring anyone
         self.masters = [m.strip().rstrip("/") for m in master.split(",") if m.strip()]
@@ -68,6 +69,9 @@ class MasterAPI:
             raise InvalidArgument("no master URL")
         self._at = 0
         self._session = session
+        #: the bearer token sent with every request (shoal.config.token_for by default)
+        self._token = token if token is not None else token_for(master)
+        self._auth = {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     @property
     def master(self) -> str:
@@ -93,10 +97,10 @@ class MasterAPI:
     ) -> Answer:
         """One request; ``body`` goes as JSON, or msgpack with ``packed``. Raises the
         ShoalError the answer carries, Unavailable when the master cannot be reached."""
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"headers": dict(self._auth)}
         if packed:
             kw["data"] = msgpack.packb(body, use_bin_type=True)
-            kw["headers"] = {"Content-Type": api.MSGPACK}
+            kw["headers"]["Content-Type"] = api.MSGPACK
         elif body is not None:
             kw["json"] = body
         if params is not None:
@@ -209,13 +213,22 @@ class MasterAPI:
 
     # -- admin ------------------------------------------------------------------------
 
+    async def mint_token(
+        self, name: str, role: str, datasets: list[str] | None, ttl: float | None
+    ) -> str:
+        body = {"name": name, "role": role, "datasets": datasets, "ttl": ttl}
+        data = await self._object("POST", api.TOKENS, body)
+        if not isinstance(data.get("token"), str):
+            raise ProtocolError("master answered a token request without a token")
+        return str(data["token"])
+
     async def backup(self, out: BinaryIO) -> int:
         """Stream the master's online backup (a tar, see shoal.master.backup) into
         ``out``; returns the bytes written. A backup may be large: no total timeout."""
         url = self.master
         hold = aiohttp.ClientTimeout(total=None, connect=10, sock_read=300)
         try:
-            async with self._session().get(url + api.BACKUP, timeout=hold) as r:
+            async with self._session().get(url + api.BACKUP, timeout=hold, headers=self._auth) as r:
                 if r.status >= 400:
                     api.raise_for_error(r.status, _decoded(await r.read()))
                 want = r.content_length
