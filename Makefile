@@ -10,7 +10,7 @@ DEBS := procps iproute2
 # issue 15 gateways:
 GATEWAY_DEBS :=
 # issue 17 console:
-CONSOLE_DEBS :=
+CONSOLE_DEBS := prometheus
 # issue 14 kubernetes:
 K8S_DEBS :=
 DEBS += $(GATEWAY_DEBS) $(CONSOLE_DEBS) $(K8S_DEBS)

@@ -27,7 +27,7 @@ def exit_status(exc: ShoalError) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from shoal.cli import bench, cluster, dataset, fs, gateway, jobs, mount, report, tokens
+    from shoal.cli import bench, cluster, dataset, fs, gateway, jobs, mount, report, tokens, top
 
     p = argparse.ArgumentParser(
         prog="shoal", description="A distributed dataset cache for AI training."
@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     mount.register(sub)
     jobs.register(sub)
     report.register(sub)
+    top.register(sub)
     gateway.register(sub)
     bench.register(sub)
     return p

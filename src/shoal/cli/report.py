@@ -1,18 +1,39 @@
-"""``shoal report``: what is cached, per dataset and per worker, and how well it works."""
+"""``shoal report``: what is cached, per dataset and per worker, and how well it works.
+
+``--watch [SECONDS]`` repeats it every SECONDS (2) until Ctrl-C or ``--count N``
+reports: on a terminal each report replaces the last; otherwise (and with ``--json``,
+one JSON object per line) they follow one another.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from typing import Any
 
 from shoal.cli.common import client
-from shoal.cli.output import add_json, add_master, emit_json, human_bytes, table
+from shoal.cli.output import add_json, add_master, emit_json, human_bytes, plain, table
+from shoal.client import Client
+from shoal.errors import InvalidArgument
+
+#: seconds between reports of ``--watch`` without a value
+WATCH_DEFAULT = 2.0
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="cached files and bytes, hit ratios, worker health")
     add_master(p)
     add_json(p)
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=WATCH_DEFAULT,
+        metavar="SECONDS",
+        help=f"repeat every SECONDS ({WATCH_DEFAULT:g}) until Ctrl-C",
+    )
+    p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N reports")
     p.set_defaults(handler=cmd_report)
 
 
@@ -36,12 +57,41 @@ def _byte_share(by_source: dict[str, int]) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.watch is None:
+        if args.count is not None:
+            raise InvalidArgument("--count is for --watch")
+        with client(args) as c:
+            _once(c, args.json)
+        return 0
+    if not args.watch > 0:
+        raise InvalidArgument(f"--watch must be > 0 seconds, got {args.watch:g}")
+    if args.count is not None and args.count < 1:
+        raise InvalidArgument(f"--count must be >= 1, got {args.count}")
+    redraw = not args.json and not plain()
+    n, started = 0, time.monotonic()
     with client(args) as c:
-        r = c.report()
-        if args.json:
-            emit_json(r)
-            return 0
-        policies = {d.name: d.policy for d in c.datasets()}
+        while args.count is None or n < args.count:
+            if n:
+                time.sleep(max(0.0, started + args.watch - time.monotonic()))
+                started = time.monotonic()
+            if redraw:
+                sys.stdout.write("\033[H\033[J")  # cursor home, clear the screen
+            elif n and not args.json:
+                print()
+            if not args.json:
+                print(f"# shoal report {time.strftime('%Y-%m-%d %H:%M:%S')}")
+            _once(c, args.json)
+            sys.stdout.flush()
+            n += 1
+    return 0
+
+
+def _once(c: Client, as_json: bool) -> None:
+    r = c.report()
+    if as_json:
+        emit_json(r)
+        return
+    policies = {d.name: d.policy for d in c.datasets()}
     table(
         "datasets",
         [
@@ -99,4 +149,3 @@ def cmd_report(args: argparse.Namespace) -> int:
                 f"under-replicated: dataset {name} asks for replicas={policy.replicas}, "
                 f"the cluster has {live} live worker(s)"
             )
-    return 0

@@ -13,13 +13,14 @@ import asyncio
 import errno
 import logging
 import os
+import time
 from collections.abc import Coroutine
 from types import CoroutineType
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shoal.core.metric_names import FUSE_TIMED_OPS, Buckets, family
 from shoal.errors import ShoalError, errno_of
 from shoal.fuse import protocol as p
 from shoal.fuse.nodes import Reply
@@ -45,6 +46,10 @@ class Daemon:
         self.passthrough = False
         self.handlers = fs.handlers()
         self.counts = [0] * 64
+        #: latency per opcode (& 63) for the timed ops, None for the others
+        self.timed: list[Buckets | None] = [None] * 64
+        for name in FUSE_TIMED_OPS:
+            self.timed[p.Op[name] & 63] = Buckets()
         self.errors: dict[int, int] = {}
         self.init: p.InitOut | None = None
         self._buf = bytearray(BUF_SIZE)
@@ -162,7 +167,8 @@ class Daemon:
     def on_readable(self) -> None:
         fd, buf, view = self.fd, self._buf, self._view
         unpack = p.IN_HEADER.unpack_from
-        handlers, counts = self.handlers, self.counts
+        handlers, counts, timed = self.handlers, self.counts, self.timed
+        clock = time.perf_counter
         while True:
             try:
                 n = os.readv(fd, [buf])
@@ -175,6 +181,8 @@ class Daemon:
                 return
             _len, opcode, unique, nodeid = unpack(buf)[:4]
             counts[opcode & 63] += 1
+            hist = timed[opcode & 63]
+            t0 = clock() if hist is not None else 0.0
             handler = handlers.get(opcode)
             if handler is None:
                 if opcode == p.Op.DESTROY:
@@ -189,19 +197,27 @@ class Daemon:
                 self._fail(unique, opcode, exc)
                 continue
             if type(res) is CoroutineType:
-                task = asyncio.get_running_loop().create_task(self._finish(unique, opcode, res))
+                task = asyncio.get_running_loop().create_task(self._finish(unique, opcode, res, t0))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            elif res is not None:
+                continue
+            if res is not None:
                 self._send(unique, res)  # type: ignore[arg-type]
+            if hist is not None:
+                hist.observe(clock() - t0)
 
-    async def _finish(self, unique: int, opcode: int, coro: Coroutine[Any, Any, Reply]) -> None:
+    async def _finish(
+        self, unique: int, opcode: int, coro: Coroutine[Any, Any, Reply], t0: float = 0.0
+    ) -> None:
         try:
             reply = await asyncio.wait_for(coro, OP_TIMEOUT)
         except Exception as exc:
             self._fail(unique, opcode, exc)
         else:
             self._send(unique, reply)
+        hist = self.timed[opcode & 63]
+        if hist is not None:
+            hist.observe(time.perf_counter() - t0)
 
     def _stop(self, exc: BaseException | None) -> None:
         if exc is not None and getattr(exc, "errno", None) != errno.ENODEV:
@@ -239,58 +255,65 @@ def _opname(opcode: int) -> str:
 
 class Metrics(Collector):
     """Prometheus view of one mount's counters, read at scrape time (the hot path only
-    bumps plain ints)."""
+    bumps plain ints). Names and meanings: :mod:`shoal.core.metric_names`."""
 
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
 
     def collect(self) -> Any:
         d, s = self.d, self.d.fs.stats
-        req = CounterMetricFamily(
-            "shoal_fuse_requests", "FUSE requests by operation", labels=["op"]
-        )
+        req = family("shoal_fuse_requests_total")
         for name, c in d.request_counts().items():
             req.add_metric([name], c)
         yield req
-        err = CounterMetricFamily(
-            "shoal_fuse_errors", "FUSE error replies by errno", labels=["errno"]
-        )
+        err = family("shoal_fuse_errors_total")
         for code, c in d.errors.items():
             err.add_metric([errno.errorcode.get(code, str(code))], c)
         yield err
-        yield CounterMetricFamily(
-            "shoal_fuse_read_bytes", "bytes served by READ", value=s.read_bytes
-        )
-        opens = CounterMetricFamily("shoal_fuse_opens", "file opens by mode", labels=["mode"])
+        lat = family("shoal_fuse_request_seconds")
+        for opcode, b in enumerate(d.timed):
+            if b is not None:
+                lat.add_metric([_opname(opcode)], b.cumulative(), b.sum)
+        yield lat
+        yield _one("shoal_fuse_inflight", len(d._tasks))
+        yield _one("shoal_fuse_read_bytes_total", s.read_bytes)
+        opens = family("shoal_fuse_opens_total")
         opens.add_metric(["passthrough"], s.passthrough_opens)
         opens.add_metric(["cached"], s.cached_opens)
         yield opens
-        yield CounterMetricFamily(
-            "shoal_fuse_client_calls", "requests that needed the client", value=s.client_calls
-        )
-        yield CounterMetricFamily(
-            "shoal_fuse_notifications", "invalidations sent to the kernel", value=d.notifications
-        )
-        yield GaugeMetricFamily(
-            "shoal_fuse_backing_files", "passthrough backing files", value=s.backing_files
-        )
-        yield GaugeMetricFamily(
-            "shoal_fuse_inodes", "inodes known to the kernel", value=len(d.fs.nodes)
-        )
-        yield GaugeMetricFamily(
-            "shoal_fuse_passthrough",
-            "1 if the kernel granted passthrough",
-            value=int(d.passthrough),
-        )
-        src = CounterMetricFamily(
-            "shoal_fuse_client_reads", "client reads by source", labels=["source"]
-        )
+        yield _one("shoal_fuse_client_calls_total", s.client_calls)
+        yield _one("shoal_fuse_notifications_total", d.notifications)
+        yield _one("shoal_fuse_backing_files", s.backing_files)
+        yield _one("shoal_fuse_inodes", len(d.fs.nodes))
+        yield _one("shoal_fuse_passthrough", int(d.passthrough))
         cc = d.fs.cache.counters
-        for name, v in (
-            ("short_circuit", cc.short_circuit),
-            ("local", cc.local),
-            ("remote", cc.remote),
-            ("ufs", cc.ufs_fallback),
+        reads, nbytes = (
+            family("shoal_fuse_client_reads_total"),
+            family("shoal_fuse_client_read_bytes_total"),
+        )
+        for name, n, size in (
+            ("short_circuit", cc.short_circuit, cc.bytes_short_circuit),
+            ("local", cc.local, cc.bytes_local),
+            ("remote", cc.remote, cc.bytes_remote),
+            ("ufs", cc.ufs_fallback, cc.bytes_ufs),
         ):
-            src.add_metric([name], v)
-        yield src
+            reads.add_metric([name], n)
+            nbytes.add_metric([name], size)
+        yield reads
+        yield nbytes
+        yield _one("shoal_fuse_client_failovers_total", cc.failovers)
+        fallback = family("shoal_fallback_reads_total")
+        # the client counts fallbacks by cause when it can (else: all "unknown")
+        causes: dict[str, int] = getattr(cc, "fallback_causes", None) or {
+            "unknown": cc.ufs_fallback
+        }
+        for cause, n in causes.items():
+            fallback.add_metric(["fuse", cause], n)
+        yield fallback
+
+
+def _one(name: str, value: float) -> Any:
+    """A label-less family from the metric table holding one value."""
+    f = family(name)
+    f.add_metric([], value)
+    return f

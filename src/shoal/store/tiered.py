@@ -34,6 +34,10 @@ class TieredStore(PageStore):
             raise InvalidArgument("a tiered store needs at least one tier")
         self.tiers = list(tiers)
         self._refusal = ""
+        #: bytes dropped per tier and reason other than a watermark eviction (which each
+        #: tier counts itself): "ttl" by :meth:`expire`, "free" by :meth:`delete` (for
+        #: metrics)
+        self.dropped: dict[tuple[str, str], int] = {}
         if demote:
             for upper, lower in zip(self.tiers, self.tiers[1:], strict=False):
                 if isinstance(upper, DiskTier) and upper.demote_to is None:
@@ -139,7 +143,7 @@ class TieredStore(PageStore):
         return out
 
     def delete(self, file: FileKey | None = None, *, dataset: str | None = None) -> int:
-        return sum(tier.delete(file, dataset=dataset) for tier in self.tiers)
+        return self._count("free", lambda tier: tier.delete(file, dataset=dataset))
 
     def drop_corrupt(self, key: PageKey) -> None:
         for tier in self.tiers:
@@ -148,7 +152,17 @@ class TieredStore(PageStore):
                 return
 
     def expire(self, now: float) -> int:
-        return sum(tier.expire(now) for tier in self.tiers)
+        return self._count("ttl", lambda tier: tier.expire(now))
+
+    def _count(self, reason: str, drop: Callable[[PageStore], int]) -> int:
+        total = 0
+        for tier in self.tiers:
+            freed = drop(tier)
+            if freed:
+                key = (tier.name, reason)
+                self.dropped[key] = self.dropped.get(key, 0) + freed
+                total += freed
+        return total
 
     def tier_usage(self) -> list[tuple[str, Usage]]:
         """Each tier's own usage, fastest first."""
