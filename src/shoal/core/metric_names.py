@@ -133,6 +133,9 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("shoal_refused_drops_total", _C, "", "reports",
        "Reports of a bad page whose bytes were good (ignored, nothing refetched)", WORKER),
     _m("shoal_ufs_requests_total", _C, "", "requests", "Under-storage GETs issued", WORKER),
+    _m("shoal_ufs_retries_total", _C, "kind", "retries",
+       "Under-storage requests retried, by the error that caused it (store_retryable, "
+       "store_timeout)", WORKER),
     _m("shoal_worker_connections", _G, "", "connections",
        "Open data-path connections (TCP and Unix socket)", WORKER),
     _m("shoal_worker_buffered_bytes", _G, "", "bytes",

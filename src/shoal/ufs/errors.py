@@ -41,6 +41,7 @@ import logging
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -426,8 +427,14 @@ class _OutOfTime(stop_base):
         return left < self.floor
 
 
+#: retries of under-storage requests in this process, by the error's code
+#: (store_retryable, store_timeout): exported as shoal_ufs_retries_total{kind}
+RETRIES: Counter[str] = Counter()
+
+
 def _log_retry(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
+    RETRIES[exc.code if isinstance(exc, ShoalError) else "other"] += 1
     log.info("retrying after attempt %d: %s", state.attempt_number, exc)
 
 

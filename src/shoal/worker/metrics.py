@@ -28,6 +28,7 @@ from shoal.core.metric_names import (
     Buckets,
     family,
 )
+from shoal.ufs.errors import RETRIES
 
 #: the families built from the heartbeat snapshot
 _SNAPSHOT_NAMES = (
@@ -81,6 +82,10 @@ class WorkerCollector(Collector):
         f["shoal_refused_drops_total"].add_metric([], s.get("refused_drops", 0))
         f["shoal_ufs_requests_total"].add_metric([], s.get("ufs_requests", 0))
         yield from f.values()
+        retries = family("shoal_ufs_retries_total")
+        for kind in ("store_retryable", "store_timeout"):
+            retries.add_metric([kind], RETRIES.get(kind, 0))
+        yield retries
         if self._worker is not None:
             yield from _store_metrics(self._worker.store)
             yield from _service_metrics(self._worker.service)
