@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from shoal.config import ClientSettings
 from shoal.client import Client
+from shoal.config import ClientSettings
 from shoal.core.tokens import ADMIN, READER, load_secret, mint
 from shoal.proto import control
 from shoal.testing.cli import assert_one_line_error, cli_env, run_cli
@@ -37,8 +37,12 @@ def secured(tmp_path_factory: pytest.TempPathFactory, moto: MotoServer) -> Itera
         with Client(settings=ClientSettings(master=c.master_url, token=admin)) as client:
             from shoal.core.types import Mount
 
-            client.create_dataset("a", [Mount("data", "s3://auth-a", {"endpoint_url": moto.endpoint})])
-            client.create_dataset("b", [Mount("data", "s3://auth-b", {"endpoint_url": moto.endpoint})])
+            client.create_dataset(
+                "a", [Mount("data", "s3://auth-a", {"endpoint_url": moto.endpoint})]
+            )
+            client.create_dataset(
+                "b", [Mount("data", "s3://auth-b", {"endpoint_url": moto.endpoint})]
+            )
         yield c
     finally:
         c.stop()

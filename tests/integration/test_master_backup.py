@@ -185,8 +185,6 @@ def _flip_in_member(archive: Path, name: str) -> bytes:
 
 def test_backup_of_an_unreachable_master_fails_in_one_line(tmp_path: Path) -> None:
     dest = tmp_path / "b.tar"
-    r = run_cli(
-        "master", "backup", str(dest), env=cli_env(f"http://127.0.0.1:{free_port()}")
-    )
+    r = run_cli("master", "backup", str(dest), env=cli_env(f"http://127.0.0.1:{free_port()}"))
     assert_one_line_error(r, 1, "unreachable")
     assert not dest.exists() and not os.listdir(tmp_path)
