@@ -28,6 +28,7 @@ def exit_status(exc: ShoalError) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from shoal.cli import bench, cluster, dataset, fs, gateway, jobs, mount, report, tokens, top
+    from shoal.cli import operator as operator_cmd
 
     p = argparse.ArgumentParser(
         prog="shoal", description="A distributed dataset cache for AI training."
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     report.register(sub)
     top.register(sub)
     gateway.register(sub)
+    operator_cmd.register(sub)
     bench.register(sub)
     return p
 
