@@ -31,6 +31,7 @@ from shoal.proto.control import (
     ReportTier,
     ReportTotals,
     ReportWorker,
+    ReportWorkerDataset,
 )
 
 SOURCES = ("local", "remote", "ufs")
@@ -128,6 +129,22 @@ def worker_tiers(rec: WorkerRecord) -> list[ReportTier]:
     return [{"name": t.name, "capacity": t.capacity, "used": 0, "pages": 0} for t in rec.info.tiers]
 
 
+def _worker_datasets(rec: WorkerRecord, names: list[str]) -> dict[str, ReportWorkerDataset]:
+    """What this worker caches of each dataset (the node labels follow it)."""
+    stats = rec.stats.get("datasets")
+    if not isinstance(stats, Mapping):
+        return {}
+    known = set(names)
+    out: dict[str, ReportWorkerDataset] = {}
+    for name, st in stats.items():
+        if name in known and isinstance(st, Mapping):
+            out[name] = {
+                "cached_files": _n(st, "cached_files"),
+                "cached_bytes": _n(st, "cached_bytes"),
+            }
+    return dict(sorted(out.items()))
+
+
 def build_report(
     records: list[WorkerRecord], dataset_names: list[str], now: float, epoch: int
 ) -> ReportResponse:
@@ -162,6 +179,7 @@ def build_report(
                 "capacity": w_cap,
                 "used": w_used,
                 "tiers": tiers,
+                "datasets": _worker_datasets(rec, dataset_names),
             }
         )
         if rec.live:

@@ -278,6 +278,11 @@ class ReportTier(TypedDict):
     pages: int
 
 
+class ReportWorkerDataset(TypedDict):
+    cached_files: int
+    cached_bytes: int
+
+
 class ReportWorker(TypedDict):
     id: str
     host: str
@@ -288,6 +293,8 @@ class ReportWorker(TypedDict):
     capacity: int
     used: int
     tiers: list[ReportTier]
+    #: what the worker caches of each dataset (absent from older masters)
+    datasets: NotRequired[dict[str, ReportWorkerDataset]]
 
 
 class ReportTotals(TypedDict):
