@@ -7,13 +7,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEBS := procps iproute2
+# tools the tests drive where they can be installed (a test that needs a missing one
+# skips with the reason): gateways' real clients, the console's browser, promtool
 # issue 15 gateways:
-GATEWAY_DEBS :=
+GATEWAY_DEBS := openjdk-17-jdk-headless rclone
 # issue 17 console:
-CONSOLE_DEBS := prometheus
+CONSOLE_DEBS := prometheus chromium
 # issue 14 kubernetes:
 K8S_DEBS :=
-DEBS += $(GATEWAY_DEBS) $(CONSOLE_DEBS) $(K8S_DEBS)
+TOOL_DEBS := $(GATEWAY_DEBS) $(CONSOLE_DEBS) $(K8S_DEBS)
 
 BENCH_DEBS := ceph ceph-mon ceph-osd ceph-mgr radosgw rclone s3fs fuse3 iproute2
 
@@ -26,6 +28,12 @@ debs:
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@missing=""; for p in $(TOOL_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the tests' real clients:$$missing"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null \
+	    || echo "warning: could not install$$missing; the tests that need them will skip"; \
 	fi
 
 $(STAMP): pyproject.toml constraints.txt

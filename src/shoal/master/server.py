@@ -38,6 +38,7 @@ from shoal.master.jobroutes import add_job_routes
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService
 from shoal.master.state import MasterState
+from shoal.master.ui import add_ui_routes
 from shoal.proto import control
 
 log = logging.getLogger("shoal.master.server")
@@ -169,6 +170,7 @@ def make_app(service: MasterService, gate: Gate | None = None) -> web.Applicatio
     app.router.add_get(control.REPORT, _report)
     app.router.add_get(control.METRICS, metrics)
     add_job_routes(app, service.jobs)
+    add_ui_routes(app, service, visible)
     add_admin_routes(app, service, gate)
     return app
 

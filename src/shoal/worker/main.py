@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+import shoal
 from shoal.config import WorkerSettings
 from shoal.core.types import Dataset
 from shoal.errors import InvalidArgument, ShoalError
@@ -119,6 +120,7 @@ class Worker:
         self.id = _identity(self.work_dir)
         self._key = _identity_key(self.work_dir)
         self.store = TieredStore.from_specs(list(settings.tiers))
+        self._started = time.monotonic()
         self.table = DatasetTable(self.work_dir / "datasets.json")
         self.stats = Stats()
         self.loader = Loader(self.store, self.table, settings.ufs_concurrency)
@@ -316,16 +318,31 @@ class Worker:
             )
             d["cached_files"] = du.files
             d["cached_bytes"] = du.bytes
-        tiers = [
-            {"name": name, "capacity": u.capacity, "used": u.used, "pages": u.pages}
-            for name, u in self.store.tier_usage()
-        ]
+        tiers: list[dict[str, Any]] = []
+        for tier, (name, u) in zip(self.store.tiers, self.store.tier_usage(), strict=True):
+            row: dict[str, Any] = {
+                "name": name,
+                "capacity": u.capacity,
+                "used": u.used,
+                "pages": u.pages,
+                "evicted_bytes": u.evicted_bytes,
+            }
+            spec = getattr(tier, "spec", None)  # a disk tier: its watermarks and health
+            if spec is not None:
+                row["high_watermark"] = spec.high_watermark
+                row["low_watermark"] = spec.low_watermark
+            health = getattr(tier, "health", None)
+            if isinstance(health, str):
+                row["health"] = health
+            tiers.append(row)
         return {
             "tiers": tiers,
             "datasets": datasets,
             "corrupt_pages": usage.corrupt_pages,
             "refused_drops": self.stats.refused_drops,
             "ufs_requests": self.loader.ufs_gets,
+            "version": shoal.__version__,
+            "uptime_s": round(time.monotonic() - self._started, 1),
         }
 
     async def _metrics(self, request: web.Request) -> web.Response:
