@@ -183,7 +183,9 @@ class MasterServer:
         self.service = service
         secret = load_secret(settings.secret_file) if settings.secret_file else None
         if secret is None:
-            log.warning("authentication is off: anyone who reaches this port may change the cluster")
+            log.warning(
+                "authentication is off: anyone who reaches this port may change the cluster"
+            )
         self._runner = web.AppRunner(make_app(service, Gate(secret)), access_log=None)
         self._ticker: asyncio.Task[None] | None = None
         self._port = 0
