@@ -15,12 +15,30 @@ client) verifies.
 A tier failure (disk error, full disk) is logged and treated as a miss, never an outage.
 All methods are synchronous and fast (local disk / tmpfs); the worker calls them on its
 event loop.
+
+The contract is split by what callers need, each a :class:`~typing.Protocol` (callers
+type against the narrowest one; the tiers and the composite subclass them, so that a
+missing method fails at construction):
+
+- :class:`PageStore`: the seven page operations (get, locate, put, contains, delete,
+  usage, close);
+- :class:`Listings`: which file versions are cached (the worker's listings, restarts
+  under "never revalidate", free and sync jobs);
+- :class:`Handover`: locations handed to local readers that read the store's files
+  themselves (whole-file locations, peeks and touches, a change counter);
+- :class:`Maintenance`: upkeep the worker's loops and the read verifier drive (TTL,
+  reclaim, flush, corrupt pages, why a put was refused);
+- :class:`CacheStore`: all four, what a worker's loader holds; :class:`Tier` adds the
+  demotion hook a :class:`~shoal.store.tiered.TieredStore` wires into each tier it
+  stacks (``on_evict``, see :mod:`~shoal.store.demotion`).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from shoal.core.types import FileKey, PageKey
 
@@ -68,8 +86,16 @@ class Usage:
     by_dataset: dict[str, DatasetUsage] = field(default_factory=dict)
 
 
-class PageStore(ABC):
-    name: str = ""
+#: the pages of one evicted file version, read lazily (a tier stops at an unreadable one)
+EvictedPages = Iterator[tuple[PageKey, bytes, PutMeta]]
+#: where a tier hands the file versions it evicts (see :mod:`~shoal.store.demotion`)
+EvictionSink = Callable[[FileKey, EvictedPages], None]
+
+
+class PageStore(Protocol):
+    """The page operations: what every tier and the tiered composite implement."""
+
+    name: str
 
     @abstractmethod
     def get(self, key: PageKey) -> bytes | None:
@@ -78,10 +104,6 @@ class PageStore(ABC):
     @abstractmethod
     def locate(self, key: PageKey) -> Location | None:
         """Where the page's bytes are, without reading them; None on a miss."""
-
-    @abstractmethod
-    def locate_file(self, file: FileKey) -> Location | None:
-        """The whole file as one byte range on disk, if every page of it is present."""
 
     @abstractmethod
     def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
@@ -95,25 +117,54 @@ class PageStore(ABC):
         """Drop every page of one file version, or of a whole dataset; bytes freed."""
 
     @abstractmethod
-    def drop_corrupt(self, key: PageKey) -> None:
-        """A reader found this page's bytes did not match its checksum: drop and count it."""
-
-    @abstractmethod
-    def expire(self, now: float) -> int:
-        """Drop pages whose TTL passed; bytes freed."""
-
-    @abstractmethod
     def usage(self) -> Usage: ...
 
     @abstractmethod
     def close(self) -> None:
         """Flush the index and release file descriptors."""
 
-    # -- optional: concrete defaults that stores may override -------------------------
 
+class Listings(Protocol):
+    """Which file versions are cached: listings, restarts, free and sync jobs."""
+
+    @abstractmethod
     def has_file(self, file: FileKey) -> bool:
-        """True if any page of this file version is stored (default: page 0 is)."""
-        return self.contains(file.page(0))
+        """True if any page of this file version is stored."""
+
+    def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
+        """Every cached file version of a dataset at or below a path prefix."""
+        return []
+
+    def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
+        """Cached file versions directly in one directory (not below it)."""
+        return [f for f in self.files(dataset, directory) if f.path.rpartition("/")[0] == directory]
+
+    def file_count(self, dataset: str) -> int | None:
+        """How many file versions of a dataset are cached (an upper bound); None =
+        unknown without walking them all."""
+        return None
+
+    def versions(self, dataset: str, path: str) -> dict[str, int]:
+        """Cached versions of one file -> file size. Lets a restarted worker serve what it
+        holds without asking under storage (within a "never revalidate" bound)."""
+        return {}
+
+
+class Handover(Protocol):
+    """Locations handed to readers that read the store's files themselves."""
+
+    @abstractmethod
+    def locate_file(self, file: FileKey) -> Location | None:
+        """The whole file as one byte range on disk, if every page of it is present."""
+
+    @abstractmethod
+    def peek(self, key: PageKey) -> Location | None:
+        """Where the page is, without counting an access."""
+
+    @abstractmethod
+    def touch(self, key: PageKey) -> bool:
+        """Count an access to a page served elsewhere (a client read it through a
+        handed-over descriptor); False on a miss."""
 
     def changes(self) -> int | None:
         """A counter that moves whenever any page is added, dropped or moved, so that a
@@ -121,32 +172,17 @@ class PageStore(ABC):
         tracked (derive nothing)."""
         return None
 
-    def peek(self, key: PageKey) -> Location | None:
-        """Where the page is, without counting an access. Default: a locate."""
-        return self.locate(key)
 
-    def touch(self, key: PageKey) -> bool:
-        """Count an access to a page served elsewhere (a client read it through a
-        handed-over descriptor); False on a miss. Default: a locate."""
-        return self.locate(key) is not None
+class Maintenance(Protocol):
+    """Upkeep: TTL, reclaim, flush, corrupt pages, refused puts."""
 
-    def file_count(self, dataset: str) -> int | None:
-        """How many file versions of a dataset are cached (an upper bound); None =
-        unknown without walking them all."""
-        return None
+    @abstractmethod
+    def drop_corrupt(self, key: PageKey) -> None:
+        """A reader found this page's bytes did not match its checksum: drop and count it."""
 
-    def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
-        """Cached file versions directly in one directory (not below it)."""
-        return [f for f in self.files(dataset, directory) if f.path.rpartition("/")[0] == directory]
-
-    def versions(self, dataset: str, path: str) -> dict[str, int]:
-        """Cached versions of one file -> file size. Lets a restarted worker serve what it
-        holds without asking under storage (within a "never revalidate" bound)."""
-        return {}
-
-    def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
-        """Every cached file version of a dataset at or below a path prefix."""
-        return []
+    @abstractmethod
+    def expire(self, now: float) -> int:
+        """Drop pages whose TTL passed; bytes freed."""
 
     def refusal(self) -> str:
         """Why the last put that returned False was refused ("" = not known)."""
@@ -162,3 +198,17 @@ class PageStore(ABC):
         """Persist buffered bookkeeping (index rows, access statistics); call it now and
         then, e.g. from the worker's loop. Default: nothing is buffered."""
         return None
+
+
+class CacheStore(PageStore, Listings, Handover, Maintenance, Protocol):
+    """The whole surface: what a worker's loader holds (a tier or the composite)."""
+
+
+class Tier(CacheStore, Protocol):
+    """One tier a :class:`~shoal.store.tiered.TieredStore` stacks.
+
+    ``on_evict``, when set (by the composite), receives each file version the tier
+    evicts, with its pages read lazily; None = evicted pages are dropped.
+    """
+
+    on_evict: EvictionSink | None

@@ -204,3 +204,40 @@ class Catalog:
             ds: DatasetUsage(len(files), sum(st.bytes for st in files.values()))
             for ds, files in self.datasets.items()
         }
+
+
+class CatalogListings:
+    """The :class:`~shoal.store.base.Listings` a tier answers from its catalog (a mixin
+    of :class:`~shoal.store.disk.DiskTier`; no disk access)."""
+
+    _cat: Catalog
+
+    def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
+        p = prefix.rstrip("/")
+        return [
+            FileKey(ds, path, v)
+            for (ds, path), vs in self._cat.by_path.items()
+            if ds == dataset and (not p or path == p or path.startswith(p + "/"))
+            for v in vs
+        ]
+
+    def file_count(self, dataset: str) -> int | None:
+        return len(self._cat.datasets.get(dataset, ()))
+
+    def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
+        return [
+            FileKey(dataset, path, v)
+            for path in self._cat.by_dir.get((dataset, directory), ())
+            for v in self._cat.by_path.get((dataset, path), ())
+        ]
+
+    def versions(self, dataset: str, path: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for v in self._cat.by_path.get((dataset, path), ()):
+            st = self._cat.files.get(FileKey(dataset, path, v))
+            if st is not None:
+                out[v] = st.size
+        return out
+
+    def changes(self) -> int | None:
+        return self._cat.changes

@@ -1,12 +1,15 @@
 """DiskTier: a page store over one directory (an SSD or HDD path, or /dev/shm for MEM).
 
-Owns the tier's behaviour: reads with checksum verification, writes, eviction down to
-the watermarks (with optional demotion to the next tier), segment compaction, TTL,
-pinning and the failure policy (an OSError is logged and becomes a miss or a refused
-put, never an exception). What is stored lives in :mod:`~shoal.store.catalog`; the bytes
-in :mod:`~shoal.store.segments` (small files) and :mod:`~shoal.store.largefiles` (one
-sparse file per large version); the rows that survive a restart in
-:mod:`~shoal.store.index`; the directory layout in :mod:`~shoal.store.layout`.
+Owns the tier's behaviour: reads with checksum verification, writes, TTL, pinning and
+the failure policy (an OSError is logged and becomes a miss or a refused put, never an
+exception). Eviction down to the watermarks (each evicted file version handed to the
+tier's ``on_evict`` sink: demotion, wired by the tiered composite) and segment
+compaction are in :mod:`~shoal.store.room`; the health transitions in
+:mod:`~shoal.store.tierhealth`. What is stored lives in :mod:`~shoal.store.catalog`
+(which also answers the listings); the bytes in :mod:`~shoal.store.segments` (small
+files) and :mod:`~shoal.store.largefiles` (one sparse file per large version); the rows
+that survive a restart in :mod:`~shoal.store.index`; the directory layout in
+:mod:`~shoal.store.layout`.
 
 ``used`` is segment bytes (dead ones included until their segment is compacted) plus
 the bytes of the large-file pages present. The eviction unit is a small file or a whole
@@ -42,16 +45,19 @@ from shoal.config import TierSpec
 from shoal.core.types import FileKey, PageKey
 from shoal.errors import InvalidArgument
 from shoal.store import layout
-from shoal.store.base import Location, PageStore, PutMeta, Usage
-from shoal.store.catalog import Catalog, FileState
+from shoal.store.base import EvictionSink, Location, PageStore, PutMeta, Tier, Usage
+from shoal.store.catalog import Catalog, CatalogListings, FileState
+from shoal.store.demotion import Demotion
 from shoal.store.eviction import PerDataset
 from shoal.store.fds import FdCache
-from shoal.store.health import DOWN, NORMAL, UNSTABLE, TierHealth
+from shoal.store.health import TierHealth
 from shoal.store.index import FileRow, PageEntry, TierIndex
 from shoal.store.largefiles import LargeFiles, data_name
 from shoal.store.reclaim import Reclaimer
+from shoal.store.room import RoomKeeper
 from shoal.store.segments import SegmentSet
 from shoal.store.space import Aggregated, FsSpace
+from shoal.store.tierhealth import HealthReporting
 
 log = logging.getLogger("shoal.store.disk")
 
@@ -61,12 +67,14 @@ _checksum = xxhash.xxh3_64_intdigest
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-class DiskTier(PageStore):
-    """A :class:`PageStore` over ``spec.path``; see the module docstring.
+class DiskTier(RoomKeeper, HealthReporting, CatalogListings, Tier):
+    """A :class:`~shoal.store.base.Tier` over ``spec.path``; see the module docstring.
 
     ``segment_size`` is where segments roll (default: capacity/16, 64 KiB..64 MiB);
-    ``clock`` gives wall-clock seconds (TTL, statistics); ``demote_to`` receives the
-    pages this tier evicts (usually set by :class:`~shoal.store.tiered.TieredStore`).
+    ``clock`` gives wall-clock seconds (TTL, statistics). ``on_evict`` receives the file
+    versions this tier evicts (a :class:`~shoal.store.tiered.TieredStore` sets it);
+    ``demote_to`` is the shorthand for a tier used on its own: its evicted pages go into
+    that store.
     """
 
     def __init__(
@@ -76,11 +84,14 @@ class DiskTier(PageStore):
         segment_size: int | None = None,
         clock: Callable[[], float] = time.time,
         demote_to: PageStore | None = None,
+        on_evict: EvictionSink | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self.root = spec.path
-        self.demote_to = demote_to
+        if on_evict is None and demote_to is not None:
+            on_evict = Demotion((demote_to,))
+        self.on_evict = on_evict
         self._clock = clock
         self._space = FsSpace(self.root)
         self._health = TierHealth()
@@ -181,40 +192,6 @@ class DiskTier(PageStore):
             return None
         return data
 
-    # -- health (see shoal.store.health): a failing disk is skipped, not retried ------
-
-    def _down(self) -> bool:
-        """True while the tier is down: skip it (reads miss, puts are refused). The hot
-        paths call it only when ``_is_down`` is set."""
-        ok, moved = self._health.usable()
-        if moved:
-            log.info("tier %s: trying its disk again", self.name)
-        self._is_down = not ok
-        return not ok
-
-    def _io_error(self) -> None:
-        moved = self._health.error()
-        self._unwell, self._is_down = True, self._health.state == DOWN
-        if moved == DOWN:
-            log.warning(
-                "tier %s: its disk keeps failing: skipped (reads miss, puts refused) "
-                "for %.0fs, then tried again",
-                self.name,
-                self._health.backoff,
-            )
-        elif moved == UNSTABLE:
-            log.warning("tier %s: I/O errors on its disk: unstable", self.name)
-
-    def _io_ok(self) -> None:
-        if self._health.success() == NORMAL:
-            self._unwell = False
-            log.info("tier %s: its disk works again: back to normal", self.name)
-
-    @property
-    def health(self) -> str:
-        """normal, unstable, down or probing."""
-        return self._health.state
-
     def _corrupt(self, key: PageKey, why: str) -> None:
         self._corrupt_pages += 1
         log.warning("tier %s: dropping corrupt page %s: %s", self.name, key, why)
@@ -280,41 +257,17 @@ class DiskTier(PageStore):
         self._policy.touch(file)
         return Location(self._large.path(st.name), 0, st.size, 0, self.name)
 
+    @property
+    def demote_to(self) -> PageStore | None:
+        """The store right below that this tier's evicted pages go to (None: dropped)."""
+        nxt: PageStore | None = getattr(self.on_evict, "next", None)
+        return nxt
+
     def contains(self, key: PageKey) -> bool:
         return key in self._cat.pages and not (self._is_down and self._down())
 
     def has_file(self, file: FileKey) -> bool:
         return file in self._cat.files and not (self._is_down and self._down())
-
-    def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
-        p = prefix.rstrip("/")
-        return [
-            FileKey(ds, path, v)
-            for (ds, path), vs in self._cat.by_path.items()
-            if ds == dataset and (not p or path == p or path.startswith(p + "/"))
-            for v in vs
-        ]
-
-    def changes(self) -> int | None:
-        return self._cat.changes
-
-    def file_count(self, dataset: str) -> int | None:
-        return len(self._cat.datasets.get(dataset, ()))
-
-    def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
-        return [
-            FileKey(dataset, path, v)
-            for path in self._cat.by_dir.get((dataset, directory), ())
-            for v in self._cat.by_path.get((dataset, path), ())
-        ]
-
-    def versions(self, dataset: str, path: str) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for v in self._cat.by_path.get((dataset, path), ()):
-            st = self._cat.files.get(FileKey(dataset, path, v))
-            if st is not None:
-                out[v] = st.size
-        return out
 
     # -- writes ----------------------------------------------------------------------
 
@@ -377,12 +330,6 @@ class DiskTier(PageStore):
             raise _NoRoom(self._no_room_reason(len(data)))
         self._write(key, data, meta, st)
 
-    def _no_room_reason(self, need: int) -> str:
-        room = self._space.last()
-        if room is not None and room < self.spec.capacity:
-            return f"its filesystem has room for {room} bytes, {need} more do not fit"
-        return f"{need} more bytes do not fit in {self.spec.capacity} (pinned or too large)"
-
     def _refuse(self, kind: str, why: str, key: PageKey) -> bool:
         """A put that could not be stored: remember why, log it aggregated; False."""
         self._refusal = why
@@ -422,114 +369,6 @@ class DiskTier(PageStore):
         self._cat.add_page(key, st, e)
         self._policy.touch(fk)
         self._index.put_page(key, e)
-
-    # -- space -----------------------------------------------------------------------
-
-    def _capacity(self, need: int = 0) -> int:
-        """The declared capacity, or less where the filesystem has less room."""
-        room = self._space.ceiling(self._cat.used(), need)
-        return self.spec.capacity if room is None else min(self.spec.capacity, room)
-
-    def _make_room(self, need: int, putting: FileKey) -> bool:
-        """Evict (by policy) until ``need`` more bytes fit; False if they cannot."""
-        cap = self._capacity(need)
-        high = cap * self.spec.high_watermark
-        if self._cat.used() + need <= high:
-            return True
-        if need > high:
-            return False
-        low = cap * self.spec.low_watermark
-        skip = (putting,)
-        segs = self._segments
-        # evict only while compacting the dead bytes there are could not reach ``low``
-        while self._cat.used() - (segs.total_bytes - segs.live_bytes) + need > low:
-            victim = self._policy.pop_victim(skip)
-            if victim is None:
-                break
-            self._evict(victim)
-            self._compact_ready()
-        for seg in segs.with_dead_bytes():
-            if self._cat.used() + need <= low:
-                break
-            if seg not in segs:
-                continue
-            if seg == segs.active:
-                segs.roll()
-            if not self._compact(seg):
-                break  # the filesystem has no room to copy live entries to
-        # a full filesystem cannot take compaction's copies: evict on, since a segment
-        # whose entries are all dead goes without copying anything
-        while self._cat.used() + need > high:
-            victim = self._policy.pop_victim(skip)
-            if victim is None:
-                break
-            self._evict(victim)
-            self._compact_ready()
-        return self._cat.used() + need <= high
-
-    def _evict(self, fk: FileKey) -> None:
-        if self.demote_to is not None:
-            self._demote(fk, self.demote_to)
-        self._evicted_bytes += self._cat.drop_file(fk)
-
-    def _demote(self, fk: FileKey, to: PageStore) -> None:
-        """Hand an evicted file's pages to the next tier down (best effort)."""
-        st = self._cat.files[fk]
-        for index in sorted(st.pages):
-            key = PageKey(fk, index)
-            e = self._cat.pages.get(key)
-            data = None if e is None else self._read(key, e)
-            if e is None or data is None or fk not in self._cat.files:
-                return
-            meta = PutMeta(st.size, st.page_size, expires_at=e.expires_at)
-            if not to.put(key, data, meta):
-                return
-
-    def _compact_ready(self) -> None:
-        for seg in self._segments.take_ready():
-            self._compact(seg)
-
-    def _compact(self, seg: int) -> bool:
-        """Copy a segment's live entries to the active segment, then unlink it; False
-        (the segment stays, to be compacted later) if the copies or the commit failed.
-
-        The old bytes are never overwritten: a reader holding the old location and an
-        open descriptor still reads them after the unlink.
-        """
-        moved = False
-        try:
-            for key in self._segments.members(seg):
-                assert isinstance(key, PageKey)
-                e = self._cat.pages[key]
-                data = self._read(key, e)
-                if data is None:
-                    continue
-                new_seg, new_offset = self._segments.append(key, data)
-                self._segments.mark_dead(seg, key)
-                e.seg, e.offset = new_seg, new_offset
-                self._cat.changes += 1
-                self._index.put_page(key, e)
-                moved = True
-        except OSError:
-            self._segments.recheck(seg)
-            return False
-        # the new locations must be committed before the old bytes go away
-        if not self._index.flush(touches=False) and moved:
-            self._segments.recheck(seg)
-            return False
-        self._segments.remove(seg)
-        return True
-
-    def _drop_files(self, files: list[FileKey], what: str) -> int:
-        freed = 0
-        try:
-            for fk in files:
-                freed += self._cat.drop_file(fk)
-            self._compact_ready()
-        except OSError as exc:
-            log.warning("tier %s: %s failed: %s", self.name, what, exc)
-        self._index.maybe_flush()
-        return freed
 
     def delete(self, file: FileKey | None = None, *, dataset: str | None = None) -> int:
         if file is not None and dataset is None:

@@ -2,9 +2,15 @@
 
 Owns the placement between tiers: reads look top-down; a put goes to the highest tier
 that accepts it (a large file's pages go to the tier already holding that version, so
-that it can become complete there); a tier that evicts hands the pages down to the next
-tier (demotion, for :class:`~shoal.store.disk.DiskTier` tiers) instead of dropping them.
-A page read from a lower tier is not promoted.
+that it can become complete there). It owns demotion too: each tier but the last gets
+a :class:`~shoal.store.demotion.Demotion` as its ``on_evict`` sink, so that the pages a
+tier evicts go into the first tier below it that the file's dataset allows (as the
+composite last saw it in a put; any tier if it has not seen one) instead of being
+dropped. A page read from a lower tier is not promoted.
+
+A tier that is down (:mod:`~shoal.store.health`) answers misses and refuses puts
+without touching its disk, so reads fall through to the tiers below and puts go to
+the next tier that accepts them.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from typing import TypeVar
 from shoal.config import TierSpec
 from shoal.core.types import TIERS, FileKey, PageKey
 from shoal.errors import InvalidArgument
-from shoal.store.base import DatasetUsage, Location, PageStore, PutMeta, Usage
+from shoal.store.base import CacheStore, DatasetUsage, Location, PutMeta, Tier, Usage
+from shoal.store.demotion import Demotion
 from shoal.store.disk import DiskTier
 
 log = logging.getLogger("shoal.store.tiered")
@@ -24,30 +31,33 @@ log = logging.getLogger("shoal.store.tiered")
 T = TypeVar("T")
 
 
-class TieredStore(PageStore):
-    """Tiers in order, fastest first; ``demote`` chains each DiskTier to the next."""
+class TieredStore(CacheStore):
+    """Tiers in order, fastest first; ``demote`` hands each tier's evicted pages down
+    (a tier whose ``on_evict`` is already set keeps it)."""
 
     name = "tiered"
 
-    def __init__(self, tiers: list[PageStore], *, demote: bool = True) -> None:
+    def __init__(self, tiers: list[Tier], *, demote: bool = True) -> None:
         if not tiers:
             raise InvalidArgument("a tiered store needs at least one tier")
         self.tiers = list(tiers)
         self._refusal = ""
+        #: the tiers each dataset allows, as its last put said (for demotion)
+        self._allowed: dict[str, tuple[str, ...]] = {}
         #: bytes dropped per tier and reason other than a watermark eviction (which each
         #: tier counts itself): "ttl" by :meth:`expire`, "free" by :meth:`delete` (for
         #: metrics)
         self.dropped: dict[tuple[str, str], int] = {}
         if demote:
-            for upper, lower in zip(self.tiers, self.tiers[1:], strict=False):
-                if isinstance(upper, DiskTier) and upper.demote_to is None:
-                    upper.demote_to = lower
+            for i, upper in enumerate(self.tiers[:-1]):
+                if upper.on_evict is None:
+                    upper.on_evict = Demotion(self.tiers[i + 1 :], self._allowed_tiers)
 
     @classmethod
     def from_specs(cls, specs: list[TierSpec], *, demote: bool = True) -> TieredStore:
         """Open a DiskTier per spec, ordered mem, ssd, hdd (stable within a kind)."""
         ordered = sorted(specs, key=lambda s: TIERS.index(s.name))
-        opened: list[PageStore] = []
+        opened: list[Tier] = []
         try:
             for spec in ordered:
                 opened.append(DiskTier(spec))
@@ -57,7 +67,10 @@ class TieredStore(PageStore):
             raise
         return cls(opened, demote=demote)
 
-    def _first(self, ask: Callable[[PageStore], T | None]) -> T | None:
+    def _allowed_tiers(self, dataset: str) -> tuple[str, ...]:
+        return self._allowed.get(dataset, ())
+
+    def _first(self, ask: Callable[[Tier], T | None]) -> T | None:
         """The first tier's answer that is not None, fastest tier first."""
         for tier in self.tiers:
             got = ask(tier)
@@ -65,7 +78,7 @@ class TieredStore(PageStore):
                 return got
         return None
 
-    def _total(self, ask: Callable[[PageStore], int | None]) -> int | None:
+    def _total(self, ask: Callable[[Tier], int | None]) -> int | None:
         """The sum over the tiers, or None if any tier cannot say."""
         counts = [ask(tier) for tier in self.tiers]
         return None if None in counts else sum(c for c in counts if c is not None)
@@ -86,6 +99,8 @@ class TieredStore(PageStore):
         return self._first(lambda t: t.locate_file(file))
 
     def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
+        if meta.tiers or key.file.dataset in self._allowed:
+            self._allowed[key.file.dataset] = meta.tiers
         if self.contains(key):
             return True
         allowed = [t for t in self.tiers if not meta.tiers or t.name in meta.tiers]
@@ -154,7 +169,7 @@ class TieredStore(PageStore):
     def expire(self, now: float) -> int:
         return self._count("ttl", lambda tier: tier.expire(now))
 
-    def _count(self, reason: str, drop: Callable[[PageStore], int]) -> int:
+    def _count(self, reason: str, drop: Callable[[Tier], int]) -> int:
         total = 0
         for tier in self.tiers:
             freed = drop(tier)

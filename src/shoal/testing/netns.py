@@ -25,241 +25,73 @@ and delete them, which removes their veth ends and the bridge. A run that died h
 (SIGKILL) leaves namespaces whose pid is gone: the next run sweeps them first.
 
 The pure part (names, addresses, the ``ip`` commands) is :func:`plan` and
-:class:`NetPlan`; :class:`Network` carries it out, :class:`MultiHost` runs moto, the
+:class:`NetPlan` (:mod:`shoal.testing.netplan`); :class:`Network` carries it out, :class:`MultiHost` runs moto, the
 master, the workers and reader agents (``python -m shoal.testing.netns agent``, one
-JSON request and one JSON answer per line) on it.
+JSON request and one JSON answer per line: :mod:`shoal.testing.netagent`) on it. The
+names of both modules are importable from here too.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
-import ipaddress
 import json
 import os
-import re
-import secrets
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from shoal.testing.cluster import S3_ENV, TestCluster
+from shoal.testing.netagent import AgentError, HostAgent, agent_main, expected
+from shoal.testing.netplan import (
+    BRIDGE,
+    DEFAULT_SUBNET,
+    HOST_IF,
+    NS_PREFIX,
+    STORE_PORT,
+    HostPlan,
+    NetPlan,
+    parse_listeners,
+    parse_metrics,
+    parse_netns,
+    plan,
+    stale,
+)
 
-#: every namespace this harness makes starts with this
-NS_PREFIX = "shoalnet-"
-_NS_RE = re.compile(r"^shoalnet-(\d+)-([0-9a-f]+)-([a-z][a-z0-9]*)$")
-#: the subnet the test hosts use unless told otherwise (private; never routed anywhere)
-DEFAULT_SUBNET = "10.213.0.0/24"
-#: interface names inside the namespaces (each namespace has its own name space, so
-#: these never meet the machine's own interfaces)
-HOST_IF = "eth0"
-BRIDGE = "br0"
-#: moto's port in the store host: the namespace is fresh, so nothing else holds it
-STORE_PORT = 5000
-#: Linux interface names are at most 15 bytes
-_IFNAMSIZ = 15
-
-
-# -- the plan (pure) ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HostPlan:
-    #: "master", "store", "worker<i>" or "client<j>"
-    name: str
-    role: str
-    netns: str
-    addr: str
-    #: the switch-side end of this host's veth pair (inside the switch namespace)
-    port: str
-    #: node identity (``--node`` / ``SHOAL_NODE``)
-    node: str
-
-
-@dataclass(frozen=True)
-class NetPlan:
-    token: str
-    pid: int
-    subnet: str
-    switch: str
-    hosts: tuple[HostPlan, ...]
-
-    @property
-    def prefixlen(self) -> int:
-        return ipaddress.ip_network(self.subnet).prefixlen
-
-    def host(self, name: str) -> HostPlan:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise KeyError(f"no host {name!r} in this plan ({', '.join(self.names())})")
-
-    def names(self) -> list[str]:
-        return [h.name for h in self.hosts]
-
-    def workers(self) -> list[HostPlan]:
-        return [h for h in self.hosts if h.role == "worker"]
-
-    def namespaces(self) -> list[str]:
-        return [self.switch, *(h.netns for h in self.hosts)]
-
-    def setup_commands(self) -> list[list[str]]:
-        """``ip`` commands that build the network, in order. Every one names its
-        namespaces (``ip netns add``, ``ip -n NS``, or a veth pair created straight
-        into two namespaces): none touches the root namespace's network."""
-        sw = self.switch
-        cmds = [
-            ["ip", "netns", "add", sw],
-            ["ip", "-n", sw, "link", "add", BRIDGE, "type", "bridge"],
-            ["ip", "-n", sw, "link", "set", BRIDGE, "up"],
-        ]
-        for h in self.hosts:
-            cmds += [
-                ["ip", "netns", "add", h.netns],
-                ["ip", "-n", h.netns, "link", "set", "lo", "up"],
-                # created in both namespaces at once: no end ever exists in the root one
-                [
-                    *("ip", "link", "add", HOST_IF, "netns", h.netns, "type", "veth"),
-                    *("peer", "name", h.port, "netns", sw),
-                ],
-                ["ip", "-n", sw, "link", "set", h.port, "master", BRIDGE],
-                ["ip", "-n", sw, "link", "set", h.port, "up"],
-                ["ip", "-n", h.netns, "addr", "add", f"{h.addr}/{self.prefixlen}", "dev", HOST_IF],
-                ["ip", "-n", h.netns, "link", "set", HOST_IF, "up"],
-            ]
-        return cmds
-
-    def link_command(self, host: str, up: bool) -> list[str]:
-        """Pull (or plug back) a host's cable: its port on the switch down (or up)."""
-        return [
-            "ip",
-            "-n",
-            self.switch,
-            "link",
-            "set",
-            self.host(host).port,
-            "up" if up else "down",
-        ]
-
-    def rate_commands(self, host: str, rate: str | None) -> list[list[str]]:
-        """Cap a host's link at ``rate`` (tc syntax, e.g. ``"1gbit"``) both ways with tbf:
-        its own egress and its switch port's (what it receives); None lifts the cap."""
-        h = self.host(host)
-        ends = [("-n", h.netns, HOST_IF), ("-n", self.switch, h.port)]
-        if rate is None:
-            return [["tc", n, ns, "qdisc", "del", "dev", dev, "root"] for n, ns, dev in ends]
-        # burst: at least one MTU, and enough for a timer tick at high rates
-        tbf = ["tbf", "rate", rate, "burst", "1mbit", "latency", "50ms"]
-        return [["tc", n, ns, "qdisc", "replace", "dev", dev, "root", *tbf] for n, ns, dev in ends]
-
-    def exec_argv(self, host: str, argv: list[str]) -> list[str]:
-        """``argv`` run inside a host's namespace (``ip netns exec`` execs it in place,
-        so the process id is the program's own)."""
-        return ["ip", "netns", "exec", self.host(host).netns, *argv]
-
-
-def _check_subnet(subnet: str, needed: int) -> ipaddress.IPv4Network:
-    try:
-        net = ipaddress.ip_network(subnet)
-    except ValueError as exc:
-        raise ValueError(f"subnet {subnet!r}: {exc}") from None
-    if not isinstance(net, ipaddress.IPv4Network):
-        raise ValueError(f"subnet {subnet}: IPv4 only")
-    if not net.is_private or net.is_loopback or net.is_link_local or net.is_multicast:
-        raise ValueError(f"subnet {subnet}: use a private range (10/8, 172.16/12, 192.168/16)")
-    if net.num_addresses - 2 < needed:
-        raise ValueError(f"subnet {subnet}: {needed} hosts do not fit")
-    return net
-
-
-def plan(
-    workers: int = 3,
-    clients: int = 1,
-    subnet: str = DEFAULT_SUBNET,
-    token: str | None = None,
-    pid: int | None = None,
-) -> NetPlan:
-    """Names and addresses for a master host, a store host (moto), ``workers`` worker
-    hosts and ``clients`` client hosts, in that order from the subnet's first host
-    address. ``token`` (random by default) and ``pid`` (this process's) make the
-    namespace names unique per run."""
-    if workers < 1 or clients < 0:
-        raise ValueError(f"need at least one worker and no negative clients ({workers}, {clients})")
-    token = token or secrets.token_hex(3)
-    if not re.fullmatch(r"[0-9a-f]{1,8}", token):
-        raise ValueError(f"token {token!r}: 1-8 lowercase hex digits")
-    pid = os.getpid() if pid is None else pid
-    roles = [("master", "master"), ("store", "store")]
-    roles += [(f"worker{i}", "worker") for i in range(workers)]
-    roles += [(f"client{j}", "client") for j in range(clients)]
-    net = _check_subnet(subnet, len(roles))
-    addrs = net.hosts()
-    hosts = []
-    for name, role in roles:
-        port = f"p-{name}"
-        if len(port) > _IFNAMSIZ:
-            raise ValueError(f"too many hosts: interface name {port} is over {_IFNAMSIZ} bytes")
-        hosts.append(
-            HostPlan(
-                name=name,
-                role=role,
-                netns=f"{NS_PREFIX}{pid}-{token}-{name}",
-                addr=str(next(addrs)),
-                port=port,
-                node=f"{name}.{token}",
-            )
-        )
-    return NetPlan(token, pid, str(net), f"{NS_PREFIX}{pid}-{token}-switch", tuple(hosts))
-
-
-def parse_netns(name: str) -> tuple[int, str, str] | None:
-    """(pid, token, host) of a namespace this harness named; None for any other."""
-    m = _NS_RE.match(name)
-    return (int(m[1]), m[2], m[3]) if m else None
-
-
-def stale(names: list[str], alive: Callable[[int], bool]) -> list[str]:
-    """The harness's namespaces among ``names`` whose creating process is gone."""
-    out = []
-    for n in names:
-        parsed = parse_netns(n)
-        if parsed is not None and not alive(parsed[0]):
-            out.append(n)
-    return out
-
-
-def parse_listeners(ss_output: str) -> list[str]:
-    """Local addresses (without ports) of the listening sockets in ``ss -Hltn`` output."""
-    out = []
-    for line in ss_output.splitlines():
-        cols = line.split()
-        if len(cols) >= 4:
-            out.append(cols[3].rsplit(":", 1)[0].strip("[]"))
-    return out
-
-
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of each sample in Prometheus text exposition."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)", line)
-        if m is None:
-            continue
-        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m[2] or ""))
-        out.append((m[1], labels, float(m[3])))
-    return out
+__all__ = [
+    "BRIDGE",
+    "DEFAULT_SUBNET",
+    "HOST_IF",
+    "NS_PREFIX",
+    "STORE_PORT",
+    "AgentError",
+    "HostAgent",
+    "HostPlan",
+    "MultiHost",
+    "NetPlan",
+    "NetnsCluster",
+    "Network",
+    "agent_main",
+    "expected",
+    "list_namespaces",
+    "multihost",
+    "parse_listeners",
+    "parse_metrics",
+    "parse_netns",
+    "plan",
+    "remove_namespace",
+    "stale",
+    "sweep_stale",
+    "unavailable",
+]
 
 
 # -- carrying it out ----------------------------------------------------------------
@@ -440,187 +272,6 @@ class Network:
             self.plan.exec_argv(host, ["ss", "-Hltn"]), capture_output=True, text=True, timeout=30
         )
         return parse_listeners(r.stdout)
-
-
-# -- agents: processes in a host that do what the test asks -------------------------
-
-
-class AgentError(RuntimeError):
-    pass
-
-
-class HostAgent:
-    """A Python process inside a host's namespace answering JSON requests (see
-    :func:`agent_main`); ``call(op, **args)`` returns its result or raises."""
-
-    def __init__(self, net: Network, host: str, log: Path, env: dict[str, str]) -> None:
-        self.host = host
-        h = net.plan.host(host)
-        full = dict(os.environ)
-        full.update(env)
-        full["SHOAL_NODE"] = h.node  # the client's own node: short circuit on this host only
-        full.pop("SHOAL_MASTER", None)
-        self._log = open(log, "ab")  # noqa: SIM115 -- closed in close()
-        self.proc = subprocess.Popen(
-            net.plan.exec_argv(host, [sys.executable, "-m", "shoal.testing.netns", "agent"]),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=full,
-            start_new_session=True,
-        )
-        self._buf = b""
-
-    def call(self, op: str, *, wait: float = 120.0, **args: Any) -> Any:
-        """Ask for ``op``; raise AgentError when it fails or no answer comes in ``wait``
-        seconds (the op's own arguments, ``timeout`` among them, go to the agent)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, "args": args}).encode() + b"\n")
-        self.proc.stdin.flush()
-        reply = json.loads(self._line(wait))
-        if not reply["ok"]:
-            raise AgentError(f"{self.host}: {op}: {reply['error']}")
-        return reply["result"]
-
-    def _line(self, timeout: float) -> bytes:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AgentError(f"{self.host}: no answer within {timeout:.0f}s")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    raise AgentError(f"{self.host}: the agent exited ({self.proc.poll()})")
-                self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()  # EOF: the agent closes its client and exits
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
-def _digest(data: bytes) -> list[Any]:
-    return [len(data), hashlib.sha256(data).hexdigest()]
-
-
-def expected(files: dict[str, bytes], dataset: str, mount: str = "data") -> dict[str, list[Any]]:
-    """What the agent's ``read`` answers for byte-exact reads of ``files``."""
-    return {f"/{dataset}/{mount}/{k}": _digest(v) for k, v in files.items()}
-
-
-class _AgentState:
-    """What an agent holds between requests: its client."""
-
-    def __init__(self) -> None:
-        self.client: Any = None
-
-    def op_connect(self, master: str, **settings: Any) -> dict[str, Any]:
-        from shoal.client import Client
-        from shoal.config import ClientSettings
-
-        self.close()
-        self.client = Client(settings=ClientSettings(master=master, **settings))
-        return {"node": self.client.settings.node}
-
-    def op_seed(self, endpoint: str, bucket: str, spec: list[dict[str, Any]]) -> dict[str, int]:
-        from shoal.testing.cluster import sample_files
-        from shoal.testing.s3 import make_bucket
-
-        files: dict[str, bytes] = {}
-        for s in spec:
-            files.update(sample_files(**s))
-        make_bucket(endpoint, bucket, files)
-        return {"files": len(files), "bytes": sum(map(len, files.values()))}
-
-    def op_create_dataset(
-        self, name: str, bucket: str, endpoint: str, options: dict[str, str] | None = None
-    ) -> dict[str, Any]:
-        from shoal.core.types import Mount
-
-        mount = Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint})
-        ds = self.client.create_dataset(name, [mount], options)
-        return {"name": ds.name}
-
-    def op_read(self, paths: list[str], how: str = "cat") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if how == "cat_many":
-            for p, v in self.client.cat_many(paths).items():
-                out[p] = _digest(v) if isinstance(v, bytes) else f"error: {v!r}"
-            return out
-        for p in paths:
-            try:
-                out[p] = _digest(self.client.cat(p))
-            except Exception as exc:  # a failed read is an answer, not the agent's end
-                out[p] = f"error: {exc!r}"
-        return out
-
-    def op_counters(self) -> dict[str, int]:
-        return dict(self.client.counters())
-
-    def op_load(self, dataset: str, timeout: float = 60.0) -> dict[str, Any]:
-        job = self.client.submit_job({"kind": "load", "dataset": dataset, "paths": [""]})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            view: dict[str, Any] = self.client.job(job["id"])
-            if view["state"] in ("done", "failed", "stopped"):
-                return view
-            time.sleep(0.1)
-        raise TimeoutError(f"load of {dataset} not done within {timeout:.0f}s")
-
-    def op_get(self, url: str, timeout: float = 5.0) -> dict[str, Any]:
-        import urllib.error
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
-                return {"status": r.status, "body": r.read().decode()}
-        except urllib.error.HTTPError as exc:
-            return {"status": exc.code, "body": exc.read().decode(errors="replace")}
-
-    def op_wait_get(self, url: str, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self.op_get(url, timeout=1.0)
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-
-
-def agent_main() -> None:
-    """Answer one JSON request per stdin line on stdout until EOF."""
-    # replies go to the original stdout; anything else printed goes to stderr (the log)
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    state = _AgentState()
-    for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            fn = getattr(state, "op_" + req["op"])
-            reply = {"ok": True, "result": fn(**req.get("args", {}))}
-        except Exception as exc:  # the test reads the error; the agent serves on
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        out.write(json.dumps(reply) + "\n")
-    state.close()
 
 
 # -- the cluster --------------------------------------------------------------------

@@ -19,7 +19,7 @@ import xxhash
 
 from shoal.core.types import FileKey
 from shoal.errors import InvalidArgument
-from shoal.store.base import Location, PageStore, PutMeta
+from shoal.store.base import CacheStore, Location, PutMeta
 
 KiB = 1 << 10
 PAGE = 4 * KiB
@@ -27,7 +27,7 @@ DS = "ds"
 
 
 class StoreFactory(Protocol):
-    def __call__(self, capacity: int = ..., eviction: str = ...) -> PageStore: ...
+    def __call__(self, capacity: int = ..., eviction: str = ...) -> CacheStore: ...
 
 
 def fkey(name: str, version: str = "v1", dataset: str = DS) -> FileKey:
@@ -44,7 +44,7 @@ def blob(seed: int, size: int) -> bytes:
     return bytes(out[:size])
 
 
-def put_file(store: PageStore, fk: FileKey, data: bytes, *, pin: bool = False, expires_at: float = 0.0) -> bool:  # fmt: skip
+def put_file(store: CacheStore, fk: FileKey, data: bytes, *, pin: bool = False, expires_at: float = 0.0) -> bool:  # fmt: skip
     """Store every page of a file; True if all were accepted."""
     meta = PutMeta(len(data), PAGE, pin=pin, expires_at=expires_at)
     if len(data) <= PAGE:
@@ -77,10 +77,10 @@ class PageStoreConformance:
     """Behaviour every page store shares. Subclasses provide the ``factory`` fixture."""
 
     @pytest.fixture
-    def open_store(self, factory: StoreFactory) -> Iterator[Callable[..., PageStore]]:
-        stores: list[PageStore] = []
+    def open_store(self, factory: StoreFactory) -> Iterator[Callable[..., CacheStore]]:
+        stores: list[CacheStore] = []
 
-        def make(capacity: int = 64 << 20, eviction: str = "lru") -> PageStore:
+        def make(capacity: int = 64 << 20, eviction: str = "lru") -> CacheStore:
             store = factory(capacity=capacity, eviction=eviction)
             stores.append(store)
             return store
@@ -89,7 +89,7 @@ class PageStoreConformance:
         for store in stores:
             store.close()
 
-    def test_small_round_trip(self, open_store: Callable[..., PageStore]) -> None:
+    def test_small_round_trip(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         fk, data = fkey("small"), blob(1, 1000)
         assert put_file(store, fk, data)
@@ -104,13 +104,13 @@ class PageStoreConformance:
         u = store.usage()
         assert (u.files, u.pages) == (1, 1) and u.used >= len(data)
 
-    def test_empty_file(self, open_store: Callable[..., PageStore]) -> None:
+    def test_empty_file(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         fk = fkey("empty")
         assert put_file(store, fk, b"")
         assert store.get(fk.page(0)) == b""
 
-    def test_large_round_trip(self, open_store: Callable[..., PageStore]) -> None:
+    def test_large_round_trip(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         fk, data = fkey("large"), blob(2, 3 * PAGE + PAGE // 2)
         meta = PutMeta(len(data), PAGE)
@@ -130,12 +130,12 @@ class PageStoreConformance:
         assert read_location(whole) == data
         assert store.usage().pages == 4
 
-    def test_put_validates_page_length(self, open_store: Callable[..., PageStore]) -> None:
+    def test_put_validates_page_length(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         with pytest.raises(InvalidArgument):
             store.put(fkey("x").page(0), b"abc", PutMeta(10, PAGE))
 
-    def test_delete_file_and_dataset(self, open_store: Callable[..., PageStore]) -> None:
+    def test_delete_file_and_dataset(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         a, b, c = fkey("a"), fkey("b"), fkey("c", dataset="other")
         big = fkey("big")
@@ -153,7 +153,7 @@ class PageStoreConformance:
         assert DS not in store.usage().by_dataset
         assert store.delete(fkey("never")) == 0
 
-    def test_versions_isolate(self, open_store: Callable[..., PageStore]) -> None:
+    def test_versions_isolate(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         v1, v2 = fkey("f", "v1"), fkey("f", "v2")
         put_file(store, v1, blob(1, 100))
@@ -171,7 +171,7 @@ class PageStoreConformance:
         store.delete(v1)
         assert store.get(v2.page(0)) == blob(2, 200)
 
-    def test_eviction_stays_within_capacity(self, open_store: Callable[..., PageStore]) -> None:
+    def test_eviction_stays_within_capacity(self, open_store: Callable[..., CacheStore]) -> None:
         cap = 512 * KiB
         store = open_store(capacity=cap)
         for i in range(200):
@@ -184,7 +184,7 @@ class PageStoreConformance:
         assert store.get(fkey("f199").page(0)) == blob(199, 3199)
 
     @pytest.mark.parametrize("policy", ["lru", "lfu", "fifo"])
-    def test_eviction_order(self, open_store: Callable[..., PageStore], policy: str) -> None:
+    def test_eviction_order(self, open_store: Callable[..., CacheStore], policy: str) -> None:
         """The policy's first victim leaves before its protected file does."""
         store = open_store(capacity=256 * KiB, eviction=policy)
         size = 4000
@@ -207,7 +207,7 @@ class PageStoreConformance:
         assert store.get(fkey(f"f{protected}").page(0)) == blob(protected, size)
         assert store.usage().used <= 256 * KiB
 
-    def test_pin_prevents_eviction(self, open_store: Callable[..., PageStore]) -> None:
+    def test_pin_prevents_eviction(self, open_store: Callable[..., CacheStore]) -> None:
         cap = 256 * KiB
         store = open_store(capacity=cap)
         pinned = fkey("pinned")
@@ -221,7 +221,7 @@ class PageStoreConformance:
         assert all(store.contains(fk.page(0)) for fk in accepted)
         assert store.usage().used <= cap
 
-    def test_expire(self, open_store: Callable[..., PageStore]) -> None:
+    def test_expire(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         now = time.time()
         a, b, big = fkey("a"), fkey("b"), fkey("big")
@@ -234,7 +234,7 @@ class PageStoreConformance:
         assert not store.contains(a.page(0)) and store.locate_file(big) is None
         assert store.get(b.page(0)) == blob(2, 100)
 
-    def test_corruption_is_detected(self, open_store: Callable[..., PageStore]) -> None:
+    def test_corruption_is_detected(self, open_store: Callable[..., CacheStore]) -> None:
         store = open_store()
         small, large = fkey("small"), fkey("large")
         put_file(store, small, blob(1, 1000))
@@ -253,7 +253,7 @@ class PageStoreConformance:
         assert not store.contains(large.page(0)) and store.usage().corrupt_pages == 3
 
     def test_restart_serves_without_scanning(
-        self, open_store: Callable[..., PageStore], monkeypatch: pytest.MonkeyPatch
+        self, open_store: Callable[..., CacheStore], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         store = open_store()
         files = {fkey(f"s{i}"): blob(i, 500 + i) for i in range(50)}
@@ -281,7 +281,7 @@ class PageStoreConformance:
         assert store.get(fkey("s3").page(0)) == files[fkey("s3")]
 
     def test_compaction_keeps_data_and_old_locations(
-        self, open_store: Callable[..., PageStore]
+        self, open_store: Callable[..., CacheStore]
     ) -> None:
         store = open_store(capacity=512 * KiB)
         keep = fkey("keep")

@@ -4,7 +4,7 @@ directory location answers (LOCATE_DIR) kept between requests.
 Every new reader process (each DataLoader worker, every epoch) asks for the same
 directories again. Working an answer out costs a lookup per file; keeping it costs
 memory. Answers are kept, already encoded, until the store reports any page added,
-dropped or moved (``PageStore.changes``) or the dataset's generation or manifest moves,
+dropped or moved (``Handover.changes``) or the dataset's generation or manifest moves,
 and the descriptors they hand over stay open in the worker for as long; so a warm
 answer is one dictionary lookup and one ``sendmsg``.
 """

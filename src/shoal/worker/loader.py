@@ -31,7 +31,7 @@ from shoal.core.paging import (
 from shoal.core.singleflight import SingleFlight
 from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
 from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion
-from shoal.store.base import Location, PageStore, PutMeta
+from shoal.store.base import CacheStore, Location, PutMeta
 from shoal.worker.datasets import DatasetTable
 
 log = logging.getLogger("shoal.worker.loader")
@@ -61,7 +61,7 @@ class Pages:
 class Loader:
     def __init__(
         self,
-        store: PageStore,
+        store: CacheStore,
         table: DatasetTable,
         concurrency: int = 32,
         clock: Callable[[], float] = time.time,
