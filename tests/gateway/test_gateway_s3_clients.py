@@ -1,0 +1,213 @@
+"""Real S3 clients against the gateway: the aws CLI (ls, cp, sync, presign), s3fs,
+s3torchconnector (map dataset, checkpoint writes), rclone (ls, copy), s3cmd (ls, get,
+info), MosaicML streaming. Each test skips, with the reason, when its tool is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Gateway, GatewayData
+
+pytestmark = pytest.mark.integration
+
+SMALL = "data/000/f000003.bin"
+
+
+def _tool(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def _module(name: str) -> None:
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"python package {name} is not installed")
+
+
+def _env(gwkit: Any, user: str, **extra: str) -> dict[str, str]:
+    key, secret = gwkit.KEYS[user]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ACCESS_KEY_ID=key,
+        AWS_SECRET_ACCESS_KEY=secret,
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_CONFIG_FILE="/dev/null",
+        AWS_SHARED_CREDENTIALS_FILE="/dev/null",
+        **extra,
+    )
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> str:
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert r.returncode == 0, f"{cmd[:3]} exited {r.returncode}: {r.stderr[-2000:]}"
+    return r.stdout
+
+
+def _local(gw_dataset: GatewayData, prefix: str) -> dict[str, bytes]:
+    return {k[len(prefix) :]: v for k, v in gw_dataset.files.items() if k.startswith(prefix)}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_aws_cli(s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any, tmp_path: Path) -> None:
+    aws = _tool("aws")
+    env = _env(gwkit, "reader")
+    base = [aws, "--endpoint-url", s3_gateway.url, "s3"]
+    bkt = gw_dataset.bucket
+    out = _run([*base, "ls", f"s3://{bkt}/data/"], env)
+    assert "PRE 000/" in out and "PRE big/" in out
+    _run([*base, "cp", f"s3://{bkt}/data/big/large.bin", str(tmp_path / "large.bin")], env)
+    assert (tmp_path / "large.bin").read_bytes() == gw_dataset.files["data/big/large.bin"]
+    _run([*base, "sync", f"s3://{bkt}/data/000/", str(tmp_path / "sync")], env)
+    assert _tree(tmp_path / "sync") == _local(gw_dataset, "data/000/")
+    again = _run([*base, "sync", f"s3://{bkt}/data/000/", str(tmp_path / "sync")], env)
+    assert again.strip() == ""  # nothing changed: nothing copied
+    url = _run([*base, "presign", f"s3://{bkt}/{SMALL}", "--expires-in", "60"], env).strip()
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.read() == gw_dataset.files[SMALL]
+    src = tmp_path / "up.bin"
+    src.write_bytes(os.urandom(300_000))
+    wenv = _env(gwkit, "writer")
+    _run([*base, "cp", str(src), f"s3://{bkt}/data/cli/up.bin"], wenv)
+    _run([*base, "cp", f"s3://{bkt}/data/cli/up.bin", str(tmp_path / "down.bin")], env)
+    assert (tmp_path / "down.bin").read_bytes() == src.read_bytes()
+
+
+def test_s3fs(s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any) -> None:
+    _module("s3fs")
+    import s3fs
+
+    key, secret = gwkit.KEYS["reader"]
+    fs = s3fs.S3FileSystem(
+        key=key, secret=secret, endpoint_url=s3_gateway.url, client_kwargs={"region_name": "us-east-1"},
+        skip_instance_cache=True,
+    )  # fmt: skip
+    bkt = gw_dataset.bucket
+    assert fs.exists(bkt)
+    listed = fs.ls(f"{bkt}/data")  # (another test may have written more)
+    assert {f"{bkt}/data/000", f"{bkt}/data/big", f"{bkt}/data/odd"} <= set(listed)
+    assert fs.info(f"{bkt}/{SMALL}")["size"] == len(gw_dataset.files[SMALL])
+    assert fs.cat(f"{bkt}/{SMALL}") == gw_dataset.files[SMALL]
+    with fs.open(f"{bkt}/data/big/large.bin", "rb", block_size=1 << 20) as f:
+        f.seek(5_000_000)
+        assert f.read(100_000) == gw_dataset.files["data/big/large.bin"][5_000_000:5_100_000]
+    found = fs.find(f"{bkt}/data/000")
+    assert sorted(p[len(bkt) + 1 :] for p in found) == sorted(
+        _local(gw_dataset, "data/000/").keys()
+        and [f"data/000/{k}" for k in _local(gw_dataset, "data/000/")]
+    )
+
+
+def test_s3torchconnector(
+    s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _module("s3torchconnector")
+    from s3torchconnector import S3Checkpoint, S3ClientConfig, S3MapDataset
+
+    for k, v in _env(gwkit, "writer").items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    cfg = S3ClientConfig(force_path_style=True)
+    bkt = gw_dataset.bucket
+    ds = S3MapDataset.from_prefix(
+        f"s3://{bkt}/data/000/", region="us-east-1", endpoint=s3_gateway.url, s3client_config=cfg
+    )
+    got = {ds[i].key: ds[i].read() for i in range(len(ds))}
+    assert got == {f"data/000/{k}": v for k, v in _local(gw_dataset, "data/000/").items()}
+    ckpt = S3Checkpoint(region="us-east-1", endpoint=s3_gateway.url, s3client_config=cfg)
+    blob = os.urandom(3 << 20)
+    with ckpt.writer(f"s3://{bkt}/data/ckpt/torch.bin") as w:  # multipart, always
+        w.write(blob)
+    with ckpt.reader(f"s3://{bkt}/data/ckpt/torch.bin") as r:
+        assert r.read() == blob
+
+
+def test_rclone(s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any, tmp_path: Path) -> None:
+    rclone = _tool("rclone")
+    key, secret = gwkit.KEYS["reader"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RCLONE_"))}
+    env.update(
+        RCLONE_CONFIG=str(tmp_path / "none.conf"),
+        RCLONE_CONFIG_GW_TYPE="s3",
+        RCLONE_CONFIG_GW_PROVIDER="Other",
+        RCLONE_CONFIG_GW_ACCESS_KEY_ID=key,
+        RCLONE_CONFIG_GW_SECRET_ACCESS_KEY=secret,
+        RCLONE_CONFIG_GW_ENDPOINT=s3_gateway.url,
+        RCLONE_CONFIG_GW_REGION="us-east-1",
+        RCLONE_CONFIG_GW_FORCE_PATH_STYLE="true",
+    )
+    bkt = gw_dataset.bucket
+    listed = _run([rclone, "ls", f"gw:{bkt}/data/000"], env)
+    want = _local(gw_dataset, "data/000/")
+    assert {line.split()[-1]: int(line.split()[0]) for line in listed.splitlines()} == {
+        k: len(v) for k, v in want.items()
+    }
+    _run([rclone, "copy", f"gw:{bkt}/data/000", str(tmp_path / "out")], env)
+    assert _tree(tmp_path / "out") == want
+    _run([rclone, "check", f"gw:{bkt}/data/000", str(tmp_path / "out")], env)
+
+
+def test_s3cmd(s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any, tmp_path: Path) -> None:
+    s3cmd = _tool("s3cmd")
+    key, secret = gwkit.KEYS["reader"]
+    hostport = s3_gateway.url.split("://", 1)[1]
+    cfg = tmp_path / "s3cfg"
+    cfg.write_text(
+        f"[default]\naccess_key = {key}\nsecret_key = {secret}\nhost_base = {hostport}\n"
+        f"host_bucket = {hostport}\nuse_https = False\nbucket_location = us-east-1\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    bkt = gw_dataset.bucket
+    base = [s3cmd, "-c", str(cfg)]
+    out = _run([*base, "ls", f"s3://{bkt}/data/000/"], env)
+    assert len(out.splitlines()) == len(_local(gw_dataset, "data/000/"))
+    _run([*base, "get", f"s3://{bkt}/{SMALL}", str(tmp_path / "got.bin")], env)
+    assert (tmp_path / "got.bin").read_bytes() == gw_dataset.files[SMALL]
+    info = _run([*base, "info", f"s3://{bkt}"], env)
+    assert "Location" in info
+    for v2 in ("--signature-v2",):
+        out = _run([*base, v2, "ls", f"s3://{bkt}/data/"], env)
+        assert "DIR" in out
+
+
+def test_mosaicml_streaming(
+    s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    _module("streaming")
+    from streaming import MDSWriter, StreamingDataset
+
+    local_out = tmp_path / "mds"
+    with MDSWriter(out=str(local_out), columns={"i": "int", "blob": "bytes"}) as w:
+        for i in range(50):
+            w.write({"i": i, "blob": bytes([i]) * 1000})
+    import boto3
+
+    key, secret = gwkit.KEYS["writer"]
+    up = boto3.client("s3", endpoint_url=s3_gateway.url, region_name="us-east-1",
+                      aws_access_key_id=key, aws_secret_access_key=secret)  # fmt: skip
+    for p in local_out.rglob("*"):
+        if p.is_file():
+            up.upload_file(str(p), gw_dataset.bucket, f"data/mds/{p.relative_to(local_out)}")
+    for k, v in _env(gwkit, "reader", S3_ENDPOINT_URL=s3_gateway.url).items():
+        if k.startswith(("AWS_", "S3_")):
+            monkeypatch.setenv(k, v)
+    ds = StreamingDataset(
+        remote=f"s3://{gw_dataset.bucket}/data/mds", local=str(tmp_path / "cache"), shuffle=False
+    )
+    assert sorted(int(s["i"]) for s in ds) == list(range(50))

@@ -1,0 +1,246 @@
+"""Writes through the S3 gateway (checkpoints): PutObject and read-after-write,
+multipart upload, aws-chunked bodies over TLS, DeleteObject, read-only datasets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+if TYPE_CHECKING:
+    from conftest import Gateway, GatewayData
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+
+
+def code_of(exc: ClientError) -> tuple[int, str]:
+    return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
+
+
+@pytest.fixture(scope="module")
+def readonly(gw_dataset: GatewayData, seed: Any) -> GatewayData:
+    ds: GatewayData = seed(gw_dataset.cluster, gw_dataset.moto, "gw-readonly", {"a.bin": b"ro"})
+    return ds
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (needed for a test certificate)")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def gw(
+    gw_dataset: GatewayData,
+    readonly: GatewayData,
+    tls: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    gwkit: Any,
+) -> Iterator[Gateway]:
+    """An HTTPS gateway: writer may write both datasets, only gw_dataset is --writable."""
+    d = tmp_path_factory.mktemp("s3w")
+    both = [gw_dataset.dataset, readonly.dataset]
+    creds = gwkit.write_credentials(d / "c.toml", {"reader": both, "writer": both})
+    cert, key = tls
+    args = ["--credentials", str(creds), "--writable", gw_dataset.dataset, "--spool-dir", str(d)]
+    args += ["--tls-cert", str(cert), "--tls-key", str(key)]
+    url, proc = gwkit.start_gateway("s3", gw_dataset.cluster.master_url, args, d / "log")
+    try:
+        yield gwkit.Gateway(url, proc, creds, d / "log")
+    finally:
+        gwkit.stop_gateway(proc)
+
+
+@pytest.fixture(scope="module")
+def writer(gw: Gateway, tls: tuple[Path, Path], s3_client_for: Any) -> Any:
+    assert gw.url.startswith("https://")
+    return s3_client_for(gw.url, "writer", verify=str(tls[0]))
+
+
+def test_put_then_read_new_bytes(writer: Any, gw_dataset: GatewayData) -> None:
+    bkt, key = gw_dataset.bucket, "data/000/f000001.bin"
+    old = gw_dataset.files[key]
+    assert writer.get_object(Bucket=bkt, Key=key)["Body"].read() == old  # warm: cached
+    old_etag = writer.head_object(Bucket=bkt, Key=key)["ETag"]
+    new = os.urandom(200_000)
+    t0 = time.monotonic()
+    put = writer.put_object(Bucket=bkt, Key=key, Body=new)  # https: aws-chunked + trailer
+    took = time.monotonic() - t0
+    assert writer.get_object(Bucket=bkt, Key=key)["Body"].read() == new
+    head = writer.head_object(Bucket=bkt, Key=key)
+    assert head["ETag"] == put["ETag"] != old_etag and head["ContentLength"] == len(new)
+    listed = writer.list_objects_v2(Bucket=bkt, Prefix=key)["Contents"]
+    assert [(o["Key"], o["Size"], o["ETag"]) for o in listed] == [(key, len(new), put["ETag"])]
+    with gw_dataset.cluster.client() as c:  # every reader of the cache sees it
+        assert c.read(f"/{bkt}/{key}") == new
+    assert took < 30
+
+
+def test_put_new_key_and_delete(writer: Any, gw_dataset: GatewayData) -> None:
+    bkt, key = gw_dataset.bucket, "data/ckpt/step-1/model.pt"
+    body = b"weights" * 1000
+    writer.put_object(Bucket=bkt, Key=key, Body=body, ContentMD5=_md5(body))
+    assert writer.get_object(Bucket=bkt, Key=key)["Body"].read() == body
+    prefixes = writer.list_objects_v2(Bucket=bkt, Prefix="data/", Delimiter="/")["CommonPrefixes"]
+    assert "data/ckpt/" in [p["Prefix"] for p in prefixes]
+    writer.delete_object(Bucket=bkt, Key=key)
+    with pytest.raises(ClientError) as e:
+        writer.get_object(Bucket=bkt, Key=key)
+    assert code_of(e.value) == (404, "NoSuchKey")
+    with pytest.raises(ClientError) as e:
+        writer.put_object(Bucket=bkt, Key="data/x.bin", Body=b"abc", ContentMD5=_md5(b"abd"))
+    assert code_of(e.value) == (400, "BadDigest")
+
+
+def _md5(b: bytes) -> str:
+    import base64
+    import hashlib
+
+    return base64.b64encode(hashlib.md5(b).digest()).decode()
+
+
+def test_multipart_by_hand(writer: Any, gw_dataset: GatewayData) -> None:
+    bkt, key = gw_dataset.bucket, "data/ckpt/big.bin"
+    parts = [os.urandom(5 * MiB), os.urandom(1234)]
+    up = writer.create_multipart_upload(Bucket=bkt, Key=key)["UploadId"]
+    etags = [
+        writer.upload_part(Bucket=bkt, Key=key, UploadId=up, PartNumber=i + 1, Body=p)["ETag"]
+        for i, p in enumerate(parts)
+    ]
+    listed = writer.list_parts(Bucket=bkt, Key=key, UploadId=up)["Parts"]
+    assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed] == [
+        (1, 5 * MiB, etags[0]),
+        (2, 1234, etags[1]),
+    ]
+    uploads = writer.list_multipart_uploads(Bucket=bkt)["Uploads"]
+    assert up in [u["UploadId"] for u in uploads]
+    with pytest.raises(ClientError) as e:
+        writer.complete_multipart_upload(
+            Bucket=bkt, Key=key, UploadId=up,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"0000"'}]},
+        )  # fmt: skip
+    assert code_of(e.value) == (400, "InvalidPart")
+    done = writer.complete_multipart_upload(
+        Bucket=bkt, Key=key, UploadId=up,
+        MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": t} for i, t in enumerate(etags)]},
+    )  # fmt: skip
+    got = writer.get_object(Bucket=bkt, Key=key)
+    assert got["Body"].read() == b"".join(parts) and got["ETag"] == done["ETag"]
+    with pytest.raises(ClientError) as e:
+        writer.list_parts(Bucket=bkt, Key=key, UploadId=up)
+    assert code_of(e.value) == (404, "NoSuchUpload")
+
+
+def test_multipart_abort_and_small_parts(writer: Any, gw_dataset: GatewayData) -> None:
+    bkt, key = gw_dataset.bucket, "data/ckpt/aborted.bin"
+    up = writer.create_multipart_upload(Bucket=bkt, Key=key)["UploadId"]
+    etags = [
+        writer.upload_part(Bucket=bkt, Key=key, UploadId=up, PartNumber=n, Body=b"x" * 10)["ETag"]
+        for n in (1, 2)
+    ]
+    with pytest.raises(ClientError) as e:
+        writer.complete_multipart_upload(
+            Bucket=bkt, Key=key, UploadId=up,
+            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": t} for n, t in zip((1, 2), etags, strict=True)]},
+        )  # fmt: skip
+    assert code_of(e.value) == (400, "EntityTooSmall")
+    writer.abort_multipart_upload(Bucket=bkt, Key=key, UploadId=up)
+    with pytest.raises(ClientError) as e:
+        writer.upload_part(Bucket=bkt, Key=key, UploadId=up, PartNumber=3, Body=b"x")
+    assert code_of(e.value) == (404, "NoSuchUpload")
+    with pytest.raises(ClientError) as e:
+        writer.get_object(Bucket=bkt, Key=key)
+    assert code_of(e.value) == (404, "NoSuchKey")
+
+
+def _signed_post(url: str, path: str, body: bytes, cafile: Path, key: tuple[str, str]) -> Any:
+    import http.client
+    import ssl
+    from urllib.parse import urlsplit
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials as BotoCredentials
+
+    req = AWSRequest(method="POST", url=url + path, data=body)
+    req.headers["X-Amz-Content-SHA256"] = "UNSIGNED-PAYLOAD"
+    S3SigV4Auth(BotoCredentials(*key), "s3", "us-east-1").add_auth(req)
+    u = urlsplit(url)
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    conn = http.client.HTTPSConnection(u.hostname or "", u.port, timeout=10, context=ctx)
+    try:
+        conn.request("POST", path, body=body, headers=dict(req.headers.items()))
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_malformed_complete_xml(
+    gw: Gateway, writer: Any, gw_dataset: GatewayData, tls: Any, gwkit: Any
+) -> None:
+    bkt, key = gw_dataset.bucket, "data/ckpt/malformed.bin"
+    up = writer.create_multipart_upload(Bucket=bkt, Key=key)["UploadId"]
+    for body in (
+        b"<CompleteMultipartUpload><Part>",
+        b"<?xml version='1.0'?><!DOCTYPE x [<!ENTITY a 'b'>]><x>&a;</x>",
+        b"<Other/>",
+    ):
+        status, answer = _signed_post(
+            gw.url, f"/{bkt}/{key}?uploadId={up}", body, tls[0], gwkit.KEYS["writer"]
+        )
+        assert status == 400 and b"<Code>MalformedXML</Code>" in answer, answer
+    writer.abort_multipart_upload(Bucket=bkt, Key=key, UploadId=up)
+
+
+def test_upload_file_and_download(writer: Any, gw_dataset: GatewayData, tmp_path: Path) -> None:
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(os.urandom(11 * MiB))
+    cfg = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    writer.upload_file(str(src), gw_dataset.bucket, "data/ckpt/s3transfer.bin", Config=cfg)
+    writer.download_file(gw_dataset.bucket, "data/ckpt/s3transfer.bin", str(dst), Config=cfg)
+    assert dst.read_bytes() == src.read_bytes()
+    # again, now cached: over TLS a local file goes out in preads instead of sendfile
+    got = writer.get_object(Bucket=gw_dataset.bucket, Key="data/ckpt/s3transfer.bin")
+    assert got["Body"].read() == src.read_bytes()
+
+
+def test_read_only_dataset_refuses_writes(writer: Any, readonly: GatewayData) -> None:
+    assert writer.get_object(Bucket=readonly.bucket, Key="data/a.bin")["Body"].read() == b"ro"
+    for call in (
+        lambda: writer.put_object(Bucket=readonly.bucket, Key="data/a.bin", Body=b"new"),
+        lambda: writer.create_multipart_upload(Bucket=readonly.bucket, Key="data/b.bin"),
+        lambda: writer.delete_object(Bucket=readonly.bucket, Key="data/a.bin"),
+    ):
+        with pytest.raises(ClientError) as e:
+            call()
+        assert code_of(e.value) == (403, "AccessDenied")
+    assert writer.get_object(Bucket=readonly.bucket, Key="data/a.bin")["Body"].read() == b"ro"
+
+
+def test_reader_may_not_write(
+    gw: Gateway, gw_dataset: GatewayData, tls: Any, s3_client_for: Any
+) -> None:
+    reader = s3_client_for(gw.url, "reader", verify=str(tls[0]))
+    with pytest.raises(ClientError) as e:
+        reader.put_object(Bucket=gw_dataset.bucket, Key="data/x.bin", Body=b"x")
+    assert code_of(e.value) == (403, "AccessDenied")
