@@ -36,6 +36,27 @@ def register(sub: Any) -> None:
         action="store_true",
         help="run without a cluster secret: anyone who reaches the ports may use the cluster",
     )
+    p.add_argument("--s3-gateway", type=int, metavar="PORT", help="also serve S3 on PORT (0: free)")
+    p.add_argument(
+        "--webhdfs-gateway", type=int, metavar="PORT", help="also serve WebHDFS on PORT (0: free)"
+    )
+    p.add_argument(
+        "--gateway-credentials",
+        metavar="FILE",
+        help="the gateways' access keys (docs/gateway-auth.md)",
+    )
+    p.add_argument(
+        "--gateway-allow-anonymous",
+        action="store_true",
+        help="let the gateways serve unsigned requests (no --gateway-credentials)",
+    )
+    p.add_argument(
+        "--gateway-writable",
+        action="append",
+        default=[],
+        metavar="DATASET",
+        help="accept writes through the gateways to DATASET (repeatable)",
+    )
     p.add_argument(
         "--file-root",
         action="append",
@@ -127,6 +148,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"a cluster is already running from {d} at {state['master']}; `shoal down` first"
         )
     roots = tuple(_roots(args.file_root)) or (tempfile.gettempdir(),)
+    gateways = {
+        kind: port
+        for kind, port in (("s3", args.s3_gateway), ("webhdfs", args.webhdfs_gateway))
+        if port is not None
+    }
+    gateway_args = _gateway_args(args) if gateways else []
     cluster = LocalCluster(
         d,
         workers=args.workers,
@@ -135,6 +162,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         host=args.host,
         file_roots=roots,
         auth=not args.no_auth,
+        gateways=gateways,
+        gateway_args=gateway_args,
     )
     try:
         url = cluster.start()
@@ -144,10 +173,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     if cluster.auth:
         save_credentials(url, cluster.admin_token_file.read_text().strip())
     if args.json:
-        emit_json({"master": url, "dir": str(d), "pids": cluster.pids})
+        emit_json(
+            {"master": url, "dir": str(d), "pids": cluster.pids, "gateways": cluster.gateway_urls}
+        )
     else:
         print(url)
+        for kind, gw in cluster.gateway_urls.items():
+            print(f"{kind} gateway: {gw}")
     return 0
+
+
+def _gateway_args(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    if args.gateway_credentials:
+        out += ["--credentials", os.path.abspath(args.gateway_credentials)]
+    elif args.gateway_allow_anonymous:
+        out.append("--allow-anonymous")
+    else:
+        raise InvalidArgument(
+            "a gateway needs --gateway-credentials FILE (access keys, see docs/gateway-auth.md) "
+            "or --gateway-allow-anonymous"
+        )
+    for ds in args.gateway_writable:
+        out += ["--writable", ds]
+    return out
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ def register(sub: Any) -> None:
         help="also accept virtual-host style requests to BUCKET.NAME",
     )
     p.add_argument("--spool-dir", metavar="DIR", help="where write bodies are spooled ($TMPDIR)")
+    p.add_argument("--url-file", metavar="FILE", help="write the URL here once listening")
     p.add_argument("--log-level", default="info", help="log level (info)")
     p.set_defaults(handler=cmd_gateway_s3)
 
@@ -83,7 +84,7 @@ def cmd_gateway_s3(args: argparse.Namespace) -> int:
     from shoal.client.aio import AsyncClient
     from shoal.config import ClientSettings
     from shoal.gateway.s3 import S3Gateway
-    from shoal.gateway.server import run_http, tls_context
+    from shoal.gateway.server import run_http, tls_context, write_url
 
     if not 0 <= args.port <= 65535:
         raise InvalidArgument(f"invalid --port {args.port}")
@@ -101,7 +102,10 @@ def cmd_gateway_s3(args: argparse.Namespace) -> int:
             region=args.region,
             domain=args.domain,
         )
-        await run_http(gw.app(), args.host, args.port, args.tls_cert, args.tls_key, BANNER)
+        ready = (lambda url: write_url(args.url_file, url)) if args.url_file else None
+        await run_http(
+            gw.app(), args.host, args.port, args.tls_cert, args.tls_key, BANNER, ready=ready
+        )
 
     uvloop.run(main())
     return 0

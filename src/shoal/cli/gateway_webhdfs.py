@@ -108,17 +108,6 @@ def _make_token(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_url(path: str, url: str) -> None:
-    """``url`` into ``path`` whole (a temporary name, then a rename): a parent polling
-    for the file (``shoal up``) never reads half of it."""
-    import os
-
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(url)
-    os.replace(tmp, path)
-
-
 def cmd_gateway_webhdfs(args: argparse.Namespace) -> int:
     import uvloop
 
@@ -127,7 +116,7 @@ def cmd_gateway_webhdfs(args: argparse.Namespace) -> int:
     from shoal.client.aio import AsyncClient
     from shoal.config import ClientSettings
     from shoal.core.types import parse_size
-    from shoal.gateway.server import run_http, tls_context
+    from shoal.gateway.server import run_http, tls_context, write_url
     from shoal.gateway.webhdfs import WebHdfsGateway
     from shoal.gateway.webhdfs_auth import Access
     from shoal.gateway.webhdfs_write import Writes
@@ -162,7 +151,7 @@ def cmd_gateway_webhdfs(args: argparse.Namespace) -> int:
                 args.tls_cert,
                 args.tls_key,
                 BANNER,
-                ready=(lambda url: _write_url(args.url_file, url)) if args.url_file else None,
+                ready=(lambda url: write_url(args.url_file, url)) if args.url_file else None,
             )
         finally:
             if writes is not None:

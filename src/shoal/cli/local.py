@@ -90,6 +90,11 @@ class LocalCluster:
     env: dict[str, str] = field(default_factory=dict)
     #: tokens required (a cluster secret in ``dir``; see shoal.core.tokens)
     auth: bool = False
+    #: gateways started with the cluster: kind (s3, webhdfs) -> port (0: any free)
+    gateways: dict[str, int] = field(default_factory=dict)
+    #: flags every gateway gets (--credentials FILE, --allow-anonymous, --writable DS)
+    gateway_args: list[str] = field(default_factory=list)
+    gateway_urls: dict[str, str] = field(default_factory=dict)
     master_url: str = ""
     master_port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -139,6 +144,10 @@ class LocalCluster:
                 args = [*args, "--secret-file", str(self.secret_file)]
             elif name.startswith("worker"):
                 env["SHOAL_TOKEN_FILE"] = str(self.worker_token_file)
+                env.pop("SHOAL_TOKEN", None)
+            elif name.startswith("gateway"):
+                # a gateway reads for its callers and runs the sync after a write
+                env["SHOAL_TOKEN_FILE"] = str(self.admin_token_file)
                 env.pop("SHOAL_TOKEN", None)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
@@ -214,6 +223,29 @@ class LocalCluster:
         )
         return json.loads(_wait_file(url_file, proc, timeout, log))
 
+    def start_gateway(self, kind: str, port: int = 0, timeout: float = 20.0) -> str:
+        """Start the ``kind`` gateway (s3 or webhdfs) over this cluster; its URL."""
+        url_file = self.dir / f"gateway-{kind}.url"
+        url_file.unlink(missing_ok=True)
+        proc, log = self._spawn(
+            f"gateway-{kind}",
+            [
+                "gateway",
+                kind,
+                "--master",
+                self.master_url,
+                "--host",
+                self.host,
+                "--port",
+                str(port),
+                "--url-file",
+                str(url_file),
+                *self.gateway_args,
+            ],
+        )
+        self.gateway_urls[kind] = _wait_file(url_file, proc, timeout, log).strip()
+        return self.gateway_urls[kind]
+
     def start(self) -> str:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.auth:
@@ -223,6 +255,9 @@ class LocalCluster:
             self.start_worker(i)
         self.save()
         self.wait_ring(self.workers)
+        for kind, port in self.gateways.items():
+            self.start_gateway(kind, port)
+        self.save()
         return self.master_url
 
     def wait_ring(self, n: int, timeout: float = 20.0) -> None:
@@ -235,7 +270,12 @@ class LocalCluster:
             raise Unavailable(f"{n} workers did not join the ring within {timeout:.0f}s")
 
     def save(self) -> None:
-        state = {"master": self.master_url, "pids": self.pids, "workers": self.workers}
+        state = {
+            "master": self.master_url,
+            "pids": self.pids,
+            "workers": self.workers,
+            "gateways": self.gateway_urls,
+        }
         tmp = self.dir / (STATE + ".tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.dir / STATE)

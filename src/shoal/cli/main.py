@@ -27,7 +27,19 @@ def exit_status(exc: ShoalError) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from shoal.cli import bench, cluster, dataset, fs, gateway, jobs, mount, report, tokens, top
+    from shoal.cli import (
+        bench,
+        cluster,
+        csi,
+        dataset,
+        fs,
+        gateway,
+        jobs,
+        mount,
+        report,
+        tokens,
+        top,
+    )
     from shoal.cli import operator as operator_cmd
 
     p = argparse.ArgumentParser(
@@ -44,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     report.register(sub)
     top.register(sub)
     gateway.register(sub)
+    csi.register(sub)
     operator_cmd.register(sub)
     bench.register(sub)
     return p

@@ -91,6 +91,15 @@ async def run_http(
         await runner.cleanup()
 
 
+def write_url(path: str, url: str) -> None:
+    """``url`` into ``path`` whole (a temporary name, then a rename): a parent polling
+    for the file (``shoal up``) never reads half of it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(url + "\n")
+    os.replace(tmp, path)
+
+
 async def serve_forever() -> None:
     """Wait for SIGTERM or SIGINT (or cancellation)."""
     loop = asyncio.get_running_loop()
