@@ -71,5 +71,11 @@ bench-quick: bench-setup
 bench: bench-setup
 	$(BIN)/shoal bench
 
+.PHONY: image
+# the container image of every role (deploy/image/); needs root for buildah's vfs storage
+image: setup
+	$(MAKE) debs DEBS="mmdebstrap buildah podman"
+	nice -n 19 deploy/image/build.sh
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

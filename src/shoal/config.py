@@ -14,7 +14,7 @@ import json
 import math
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shoal.core.types import TIERS, parse_size
@@ -57,13 +57,24 @@ class TierSpec:
 
     @classmethod
     def parse(cls, text: str) -> TierSpec:
-        """``NAME:PATH:SIZE`` as given on the command line."""
+        """``NAME:PATH:SIZE[:HIGH:LOW]`` as given on the command line (the watermarks as
+        fractions of SIZE, e.g. ``ssd:/cache:10GiB:0.9:0.75``)."""
         parts = text.split(":")
-        if len(parts) != 3:
+        if len(parts) not in (3, 5):
             raise InvalidArgument(
-                f"invalid tier {text!r}: expected NAME:PATH:SIZE, e.g. ssd:/cache:10GiB"
+                f"invalid tier {text!r}: expected NAME:PATH:SIZE[:HIGH:LOW], "
+                "e.g. ssd:/cache:10GiB or ssd:/cache:10GiB:0.9:0.75"
             )
-        return cls(name=parts[0], path=parts[1], capacity=parse_size(parts[2]))
+        tier = cls(name=parts[0], path=parts[1], capacity=parse_size(parts[2]))
+        if len(parts) == 3:
+            return tier
+        try:
+            high, low = float(parts[3]), float(parts[4])
+        except ValueError:
+            raise InvalidArgument(
+                f"invalid tier {text!r}: the watermarks must be fractions like 0.9:0.75"
+            ) from None
+        return replace(tier, high_watermark=high, low_watermark=low)
 
 
 def _port(what: str, port: int) -> None:

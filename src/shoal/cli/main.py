@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
         cluster,
         csi,
         dataset,
+        fluid,
         fs,
         gateway,
         jobs,
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     top.register(sub)
     gateway.register(sub)
     csi.register(sub)
+    fluid.register(sub)
     operator_cmd.register(sub)
     bench.register(sub)
     return p
