@@ -4,8 +4,8 @@ Every field has a docstring-style comment; every settings class validates itself
 is built (``__post_init__``), so a bad value raises InvalidArgument with a one-line
 message, never an ``assert`` and never later, deep in a server. The environment is read
 in exactly four places: :func:`master_from_env` (``SHOAL_MASTER``), :func:`node_name`
-(``SHOAL_NODE``), :func:`shoal_home` (``SHOAL_HOME``) and :func:`token_for`
-(``SHOAL_TOKEN``, ``SHOAL_TOKEN_FILE``); the CLI maps its flags onto these classes.
+(``SHOAL_NODE``), :func:`shoal_home` (``SHOAL_HOME``), :func:`token_for`
+(``SHOAL_TOKEN``, ``SHOAL_TOKEN_FILE``) and :func:`cluster_secret` (``SHOAL_SECRET``); the CLI maps its flags onto these classes.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ ENV_MASTER = "SHOAL_MASTER"
 ENV_HOME = "SHOAL_HOME"
 ENV_TOKEN = "SHOAL_TOKEN"
 ENV_TOKEN_FILE = "SHOAL_TOKEN_FILE"
+#: the cluster secret itself (a Kubernetes Secret as an environment variable): the
+#: master checks tokens with it, every other role mints its own admin token from it
+ENV_SECRET = "SHOAL_SECRET"
 #: tokens by master URL, written by ``shoal up`` (mode 0600)
 CREDENTIALS_FILE = "credentials.json"
 
@@ -191,9 +194,20 @@ class ClientSettings:
             raise InvalidArgument(f"client: pool_size must be at least 1, got {self.pool_size}")
 
 
+def cluster_secret(secret_file: str | None) -> bytes | None:
+    """The cluster secret: from ``secret_file``, else ``SHOAL_SECRET``; None: no auth."""
+    from shoal.core.tokens import load_secret, secret_from_text
+
+    if secret_file:
+        return load_secret(secret_file)
+    text = os.environ.get(ENV_SECRET, "")
+    return secret_from_text(text, f"${ENV_SECRET}") if text.strip() else None
+
+
 def token_for(master: str) -> str | None:
     """The token to present to ``master``: ``SHOAL_TOKEN``, else the file named by
-    ``SHOAL_TOKEN_FILE``, else what ``shoal up`` stored for that master URL in
+    ``SHOAL_TOKEN_FILE``, else an admin token minted from ``SHOAL_SECRET`` (the
+    cluster's own processes on Kubernetes), else what ``shoal up`` stored for that master URL in
     ``<shoal home>/credentials.json``; None when there is none (an open cluster)."""
     token = os.environ.get(ENV_TOKEN, "").strip()
     if token:
@@ -204,6 +218,11 @@ def token_for(master: str) -> str | None:
             return Path(path).read_text().strip() or None
         except OSError as exc:
             raise InvalidArgument(f"{ENV_TOKEN_FILE}={path}: {exc.strerror}") from None
+    secret = cluster_secret(None)
+    if secret is not None:
+        from shoal.core.tokens import ADMIN, mint
+
+        return mint(secret, node_name(), ADMIN)
     try:
         saved = json.loads((shoal_home() / CREDENTIALS_FILE).read_text())
     except (OSError, ValueError):

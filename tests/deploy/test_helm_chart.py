@@ -118,7 +118,7 @@ def test_workers_run_on_cache_nodes_with_one_flag_and_volume_per_tier(
         "secret": {"secretName": "imagenet-s3", "defaultMode": 0o440},
     } in pod["volumes"]
     env = {e["name"]: e for e in worker["env"]}
-    assert env["SHOAL_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    assert env["SHOAL_SECRET"]["valueFrom"]["secretKeyRef"]["key"] == "token"
     assert env["SHOAL_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     # the init container hands exactly the host paths to the worker's user
     init = pod["initContainers"][0]
@@ -227,7 +227,7 @@ def test_tls_example_uses_cert_manager_and_an_existing_token(
     )
     master = container_of(find_doc(docs, "StatefulSet", "-master"), "master")
     env = {e["name"]: e for e in master["env"]}
-    assert env["SHOAL_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "shoal-token"
+    assert env["SHOAL_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "shoal-token"
     assert env["SHOAL_TLS_CERT_FILE"]["value"] == "/etc/shoal/tls/tls.crt"
 
 

@@ -178,3 +178,26 @@ def _raw_status(url: str) -> int:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def test_a_cluster_keyed_by_shoal_secret_lets_its_own_processes_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's way: every role gets the secret as SHOAL_SECRET; the master checks
+    tokens with it and the others (workers, CLI, this test) mint their own from it."""
+    secret = "k8s-generated-" + "x" * 40
+    monkeypatch.setenv("SHOAL_SECRET", secret)
+    c = TestCluster(tmp_path / "c", workers=1, env={**S3_ENV, "SHOAL_SECRET": secret})
+    c.start()  # the worker registered and joined the ring: it minted a token
+    try:
+        assert _call(c, "GET", control.DATASETS, None) == 401
+        env = cli_env(c.master_url, SHOAL_HOME=str(tmp_path / "home"))
+        for k in ("SHOAL_TOKEN", "SHOAL_TOKEN_FILE", "SHOAL_SECRET"):
+            env.pop(k, None)
+        assert_one_line_error(run_cli("dataset", "ls", env=env), 2, "requires a token")
+        r = run_cli("dataset", "ls", "--json", env=dict(env, SHOAL_SECRET=secret))
+        assert r.returncode == 0, r.stderr
+        r = run_cli("dataset", "ls", env=dict(env, SHOAL_SECRET="short"))
+        assert_one_line_error(r, 2, "too short")
+    finally:
+        c.stop()

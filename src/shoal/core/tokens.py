@@ -133,6 +133,23 @@ def new_secret(path: Path) -> bytes:
     return raw
 
 
+def secret_from_text(text: str, where: str) -> bytes:
+    """A cluster secret written as hex (``shoal up``), or as any text of at least 32
+    characters (a Kubernetes Secret from Helm's ``randAlphaNum``)."""
+    text = text.strip()
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raw = text.encode()
+        if len(raw) < 32:
+            raise InvalidArgument(
+                f"cluster secret {where} is too short: 32 characters or 16 hex bytes at least"
+            ) from None
+    if len(raw) < 16:
+        raise InvalidArgument(f"cluster secret {where} is too short (16 bytes at least)")
+    return raw
+
+
 def load_secret(path: str | Path) -> bytes:
     """The cluster secret in ``path``; refuses a file others may read."""
     p = Path(path)
@@ -145,13 +162,7 @@ def load_secret(path: str | Path) -> bytes:
         raise InvalidArgument(f"cannot read the cluster secret {path}: {exc.strerror}") from None
     if st.st_mode & 0o077:
         raise InvalidArgument(f"cluster secret {path} is readable by others: chmod 600 it")
-    try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raise InvalidArgument(f"cluster secret {path} is not hex") from None
-    if len(raw) < 16:
-        raise InvalidArgument(f"cluster secret {path} is too short (16 bytes at least)")
-    return raw
+    return secret_from_text(text, str(path))
 
 
 def write_token(path: Path, token: str) -> None:

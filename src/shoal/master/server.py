@@ -28,8 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import shoal
-from shoal.config import MasterSettings
-from shoal.core.tokens import load_secret
+from shoal.config import MasterSettings, cluster_secret
 from shoal.errors import InvalidArgument, NotFound, ShoalError
 from shoal.master import validate
 from shoal.master.adminroutes import add_admin_routes
@@ -181,7 +180,7 @@ class MasterServer:
     def __init__(self, settings: MasterSettings, service: MasterService) -> None:
         self.settings = settings
         self.service = service
-        secret = load_secret(settings.secret_file) if settings.secret_file else None
+        secret = cluster_secret(settings.secret_file)
         if secret is None:
             log.warning(
                 "authentication is off: anyone who reaches this port may change the cluster"

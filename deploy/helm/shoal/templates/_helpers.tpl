@@ -67,7 +67,7 @@ app.kubernetes.io/component: {{ .component }}
 - name: SHOAL_NODE
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}
-- name: SHOAL_CLUSTER_TOKEN
+- name: SHOAL_SECRET
   valueFrom:
     secretKeyRef:
       name: {{ include "shoal.authSecret" . }}
