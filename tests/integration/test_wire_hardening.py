@@ -21,8 +21,20 @@ from typing import Any
 import msgpack
 import pytest
 
+from shoal.proto import messages as m
 from shoal.proto import wire
+from shoal.proto.messages import (
+    BatchRequest,
+    DropRequest,
+    HelloRequest,
+    LocateDirRequest,
+    LocateRequest,
+    ReadRequest,
+    TouchRequest,
+    encode_request,
+)
 from shoal.proto.wire import Op
+from shoal.testing import wire as raw
 from shoal.testing.cluster import S3_ENV, TestCluster, sample_files
 from shoal.testing.s3 import MotoServer, make_bucket
 
@@ -71,38 +83,17 @@ def _addrs(c: TestCluster) -> dict[str, Addr]:
     return {"tcp": (i["host"], int(i["port"])), "unix": str(i["uds"])}
 
 
-def _connect(addr: Addr, timeout: float = 5.0) -> socket.socket:
-    fam = socket.AF_UNIX if isinstance(addr, str) else socket.AF_INET
-    s = socket.socket(fam, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(addr)
-    return s
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed by the worker")
-        buf += chunk
-    return bytes(buf)
+# the raw client of shoal.testing.wire (also used by tests/reliability/test_attacks.py)
+_connect = raw.connect
 
 
 def _reply(s: socket.socket) -> tuple[int, int, Any]:
-    status, req, _epoch, meta_len, data_len = wire.RESP_HDR.unpack(
-        _recv_exact(s, wire.RESP_HDR.size)
-    )
-    meta = wire.unpack(_recv_exact(s, meta_len)) if meta_len else None
-    _recv_exact(s, data_len)
-    return status, req, meta
+    r = raw.read_reply(s)
+    return r.status, r.req_id, r.meta
 
 
 def _hello(addr: Addr, timeout: float = LIVE_S) -> None:
-    with _connect(addr, timeout) as s:
-        s.sendall(wire.encode_request(Op.HELLO, 5, [wire.VERSION]))
-        status, req, meta = _reply(s)
-    assert status == wire.Status.OK and req == 5 and meta["version"] == wire.VERSION
+    raw.hello(addr, timeout)
 
 
 def _closed(s: socket.socket, timeout: float) -> bool:
@@ -191,7 +182,7 @@ def test_malformed_bodies_get_the_protocol_error_on_a_live_connection(
             status, req, meta = _reply(s)
             assert status == wire.Status.ERR and req == i, (i, body, meta)
             assert meta["code"] == "protocol", meta
-            s.sendall(wire.encode_request(Op.HELLO, 10_000 + i, [wire.VERSION]))
+            raw.send(s, HelloRequest(), 10_000 + i)
             status, req, meta = _reply(s)
             assert status == wire.Status.OK and req == 10_000 + i
     finally:
@@ -218,7 +209,7 @@ def test_arguments_of_the_wrong_shape_get_the_protocol_error(wcluster: TestClust
     with _connect(addrs["tcp"]) as s:
         for i in range(300):
             op = Op(rng.randrange(2, 10))
-            s.sendall(wire.encode_request(op, i, _bad_args(rng)))
+            s.sendall(wire.encode_request(op, i, _bad_args(rng)))  # raw: any shape
             status, req, meta = _reply(s)
             assert req == i
             if status == wire.Status.ERR:
@@ -229,32 +220,52 @@ def test_arguments_of_the_wrong_shape_get_the_protocol_error(wcluster: TestClust
     assert "Traceback" not in grown and "internal error" not in grown, grown[:2000]
 
 
+# -- protocol versions (issue 12 item 1) -----------------------------------------------
+
+
+def test_a_client_of_another_protocol_version_gets_an_error_naming_both(
+    wcluster: TestCluster,
+) -> None:
+    """A protocol-1 client (no HELLO, or HELLO [1]) and a future one (HELLO [3]) get the
+    protocol error with both versions in one line; the worker goes on serving."""
+    addrs = _addrs(wcluster)
+    for addr in addrs.values():
+        with _connect(addr, hello=False) as s:
+            # what a protocol-1 client sends first: a request with no HELLO before it
+            raw.send(s, ReadRequest("ds", "data/000/f000001.bin", 0, -1), 4)
+            r = raw.read_reply(s)
+            assert not r.ok and r.req_id == 4 and r.meta["code"] == "protocol", r.meta
+            assert "speaks data-path protocol 2 and needs a HELLO first" in r.meta["message"]
+            for version, fix in ((1, "upgrade the client"), (3, "upgrade the worker")):
+                s.sendall(wire.encode_request(Op.HELLO, 5, [version]))
+                r = raw.read_reply(s)
+                assert not r.ok and r.meta["code"] == "protocol", r.meta
+                want = (
+                    f"this worker speaks data-path protocol 2, the client speaks {version}: {fix}"
+                )
+                assert r.meta["message"] == want
+            # the same connection, once it says HELLO in this version, is served
+            raw.send(s, HelloRequest(), 6)
+            assert raw.read_reply(s).ok
+            raw.send(s, ReadRequest("ds", "data/000/f000001.bin", 0, -1), 7)
+            r = raw.read_reply(s)
+            assert r.ok and len(r.data) == m.ReadReply.decode(r.meta).size
+
+
 # -- item 14: DROP re-verifies the page ---------------------------------------------------
 
 
-def _locate(addr: str, path: str) -> tuple[list[Any], list[int], Any]:
-    """LOCATE over the Unix socket: (page entries, handed-over descriptors, meta)."""
-    with _connect(addr) as s:
-        s.sendall(wire.encode_request(Op.LOCATE, 1, ["ds", path, None, 0, -1, True, 0, 0, None]))
-        fds: list[int] = []
-        head = b""
-        while len(head) < wire.RESP_HDR.size:
-            data, more, _flags, _ = socket.recv_fds(s, wire.RESP_HDR.size - len(head), 250)
-            if not data:
-                raise ConnectionError("closed")
-            head += data
-            fds += more
-        status, _req, _epoch, meta_len, _dl = wire.RESP_HDR.unpack(head)
-        meta = wire.unpack(_recv_exact(s, meta_len))
-    assert status == wire.Status.OK, meta
-    return meta["pages"], fds, meta
+def _locate(addr: str, path: str) -> tuple[list[Any], list[int], dict[str, Any]]:
+    """LOCATE over the Unix socket: (page entries, handed-over descriptors, the reply's
+    fields by their protocol-1 names: "v", "size", "first", "pages", "fds")."""
+    reply, fds = raw.locate(addr, path)
+    meta = {"v": reply.version, "size": reply.size, "first": reply.first, "pages": reply.pages, "fds": reply.fds}  # fmt: skip
+    return reply.pages, fds, meta
 
 
 def _drop(addr: Addr, path: str, version: str, index: int = 0) -> None:
     with _connect(addr) as s:
-        s.sendall(wire.encode_request(Op.DROP, 3, ["ds", path, version, index]))
-        status, _req, meta = _reply(s)
-    assert status == wire.Status.OK, meta
+        raw.call(s, DropRequest("ds", path, version, index), 3)
 
 
 def test_drop_of_a_good_page_is_refused_and_a_bad_one_dropped(wcluster: TestCluster) -> None:
@@ -351,7 +362,7 @@ def test_answers_a_peer_does_not_take_are_not_buffered_without_bound(
     worker queueing every answer in memory."""
     addrs = _addrs(wcluster)
     rss0 = _rss(wcluster)
-    one = wire.encode_request(Op.READ, 1, ["ds", "data/000/f000002.bin", 0, -1, None, 0, None])
+    one = encode_request(ReadRequest("ds", "data/000/f000002.bin", 0, -1), 1)
     s = _connect(addrs["tcp"])
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
@@ -375,14 +386,13 @@ def test_connections_per_peer_are_capped(wcluster: TestCluster) -> None:
     """Issue 10 item 12: one peer gets at most SHOAL_WIRE_CONNS_PER_PEER connections (here
     24); the ones past it are closed, and once it closes some it is served again."""
     addrs = _addrs(wcluster)
-    conns = [_connect(addrs["tcp"]) for _ in range(PER_PEER + 8)]
+    conns = [_connect(addrs["tcp"], hello=False) for _ in range(PER_PEER + 8)]
     try:
         served = 0
         for s in conns:
             try:
-                s.sendall(wire.encode_request(Op.HELLO, 1, [wire.VERSION]))
-                status, _req, _meta = _reply(s)
-                served += status == wire.Status.OK
+                raw.send(s, HelloRequest())
+                served += raw.read_reply(s).ok
             except (ConnectionError, OSError):
                 pass
         assert served <= PER_PEER, served
@@ -406,7 +416,7 @@ def test_idle_connections_are_closed_and_the_pool_reconnects(wcluster: TestClust
     connection with a partial frame too; the client's pool then reconnects without a
     failover."""
     addrs = _addrs(wcluster)
-    with _connect(addrs["tcp"]) as idle, _connect(addrs["unix"]) as partial:
+    with _connect(addrs["tcp"], hello=False) as idle, _connect(addrs["unix"]) as partial:
         partial.sendall(wire.REQ_HDR.pack(100, Op.STAT, 1) + b"\x93")
         t0 = time.monotonic()
         assert _closed(idle, IDLE_S * 4)
@@ -423,6 +433,10 @@ def test_idle_connections_are_closed_and_the_pool_reconnects(wcluster: TestClust
 
 
 # -- item 11: bounded work per frame ---------------------------------------------------
+
+
+def _req(req: Any) -> bytes:
+    return encode_request(req, 1)
 
 
 def _answered_while(addrs: dict[str, Addr], frame: bytes) -> tuple[float, int | None]:
@@ -459,16 +473,15 @@ def test_a_heavy_frame_leaves_the_event_loop_responsive(wcluster: TestCluster, w
     work, and a concurrent valid request is answered within a liveness bound."""
     addrs = _addrs(wcluster)
     p = "data/000/f000001.bin"
-    args: dict[str, tuple[Op, list[Any]]] = {
-        "touch pages": (Op.TOUCH, ["ds", [[p, "v", 10**7, 10**12] for _ in range(50)]]),
-        "touch items": (Op.TOUCH, ["ds", [[p, "v", 4096, 1]] * 200_000]),
-        "touch frame": (Op.TOUCH, ["ds", [["a", "", 1, 1]] * 3_000_000]),
-        "batch count": (Op.BATCH, ["ds", [p] * 100_000, None]),
-        "locate ahead": (Op.LOCATE, ["ds", p, None, 0, -1, False, 2**62, 0, None]),
-        "locate dir": (Op.LOCATE_DIR, ["ds", None, 0, None]),
+    frames: dict[str, Callable[[], bytes]] = {
+        "touch pages": lambda: _req(TouchRequest("ds", ((p, "v", 10**7, 10**12),) * 50)),
+        "touch items": lambda: _req(TouchRequest("ds", ((p, "v", 4096, 1),) * 200_000)),
+        "touch frame": lambda: _req(TouchRequest("ds", (("a", "", 1, 1),) * 3_000_000)),
+        "batch count": lambda: _req(BatchRequest("ds", (p,) * 100_000)),
+        "locate ahead": lambda: _req(LocateRequest("ds", p, None, 0, -1, False, 2**62)),
+        "locate dir": lambda: _req(LocateDirRequest("ds", None)),
     }
-    op, a = args[what]
-    took, status = _answered_while(addrs, wire.encode_request(op, 1, a))
+    took, status = _answered_while(addrs, frames[what]())
     assert took < LIVE_S, f"HELLO waited {took:.1f}s behind a {what} frame"
     assert status is None or status in (wire.Status.OK, wire.Status.ERR)
 

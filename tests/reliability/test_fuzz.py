@@ -10,7 +10,6 @@ import random
 import socket
 import struct
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +18,9 @@ import pytest
 from relhelpers import Figures, fd_count, rss_bytes, seed, wait_for, worker_info, worker_pid
 
 from shoal.proto import wire
+from shoal.proto.messages import TouchRequest, encode_request
 from shoal.proto.wire import Op
+from shoal.testing import wire as raw
 from shoal.testing.cluster import TestCluster, sample_files, start_cluster
 from shoal.testing.s3 import MotoServer
 
@@ -50,45 +51,15 @@ def fcluster(
 Addr = tuple[str, int] | str
 
 
-def _connect(addr: Addr, timeout: float) -> socket.socket:
-    if isinstance(addr, str):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    else:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(addr)
-    return s
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return bytes(buf)
-
-
 def _reply(s: socket.socket) -> tuple[int, Any]:
     """(status, meta) of one response; data is read and discarded."""
-    head = _recv_exact(s, wire.RESP_HDR.size)
-    status, _req, _epoch, meta_len, data_len = wire.RESP_HDR.unpack(head)
-    meta = wire.unpack(_recv_exact(s, meta_len)) if meta_len else None
-    left = data_len
-    while left:
-        left -= len(_recv_exact(s, min(left, 1 << 16)))
-    return status, meta
+    r = raw.read_reply(s)
+    return r.status, r.meta
 
 
 def hello(addr: Addr, timeout: float = LIVENESS_BOUND) -> float:
     """Seconds a HELLO on a fresh connection took; raises if it is not answered OK."""
-    t0 = time.monotonic()
-    with _connect(addr, timeout) as s:
-        s.sendall(wire.encode_request(Op.HELLO, 7, [wire.VERSION]))
-        status, meta = _reply(s)
-    assert status == wire.Status.OK and meta["version"] == wire.VERSION, meta
-    return time.monotonic() - t0
+    return raw.hello(addr, timeout)
 
 
 def _value(rng: random.Random, depth: int = 0) -> Any:
@@ -115,10 +86,10 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
 def _valid(op: Op) -> list[Any]:
     p = "data/000/f000001.bin"
     valid: dict[Op, list[Any]] = {
-        Op.HELLO: [1],
+        Op.HELLO: [wire.VERSION],
         Op.STAT: ["ds", p, None],
         Op.LIST: ["ds", "data/000", None],
-        Op.READ: ["ds", p, 0, 100, None, 0, None],
+        Op.READ: ["ds", p, 0, 100, None, 0, None],  # wire order of ReadRequest
         Op.BATCH: ["ds", [p], None],
         Op.LOCATE: ["ds", p, None, 0, 100, True, 0, 0, None],
         Op.TOUCH: ["ds", [[p, "v", 1, 100]]],
@@ -159,8 +130,9 @@ def frame(rng: random.Random) -> tuple[str, bytes]:
 
 
 def send_frame(addr: Addr, data: bytes) -> str:
-    """Send one frame on its own connection; what came back: reply, closed or silent."""
-    with _connect(addr, 2.0) as s:
+    """Send one frame on its own connection (HELLO said first, so that the frame meets
+    the decoders); what came back: reply, closed or silent."""
+    with raw.connect(addr, 2.0) as s:
         try:
             s.sendall(data)
         except OSError:
@@ -258,9 +230,9 @@ def test_huge_touch_frame_does_not_block_the_event_loop(
 ) -> None:
     """Issue 10 item 11: one small TOUCH frame claiming 10^7 pages blocked the loop 19 s."""
     addrs = _addresses(fcluster)
-    items = [[f"data/000/f{i:06d}.bin", "v", 10**7, 10**12] for i in range(20)]
-    data = wire.encode_request(Op.TOUCH, 1, ["ds", items])
-    with _connect(addrs["tcp"], 30) as s:
+    items = [(f"data/000/f{i:06d}.bin", "v", 10**7, 10**12) for i in range(20)]
+    data = encode_request(TouchRequest("ds", tuple(items)), 1)
+    with raw.connect(addrs["tcp"], 30) as s:
         s.sendall(data)
         took = hello(addrs["unix"], timeout=30)
         s.settimeout(30)
@@ -290,7 +262,7 @@ def test_malformed_bodies_get_the_protocol_error_and_little_log(
     for i in range(n):
         body = b"\xc1" + rng.randbytes(rng.randrange(0, 60))  # 0xc1: never valid msgpack
         data = wire.REQ_HDR.pack(len(body), Op.STAT, 1) + body
-        with _connect(addrs["tcp" if i % 2 else "unix"], 2.0) as s:
+        with raw.connect(addrs["tcp" if i % 2 else "unix"], 2.0) as s:
             s.sendall(data)
             try:
                 status, meta = _reply(s)
@@ -325,7 +297,7 @@ def test_partial_large_frames_do_not_grow_memory_without_bound(
     chunk = b"\0" * MiB
     try:
         for _ in range(6):
-            s = _connect(addrs["tcp"], 5.0)
+            s = raw.connect(addrs["tcp"], 5.0)
             conns.append(s)
             try:
                 s.sendall(wire.REQ_HDR.pack(wire.MAX_BODY - 1, Op.STAT, 1))

@@ -3,6 +3,23 @@
 Routes reads over the ring with no master round trip, caches metadata within each
 dataset's staleness bound, reads local workers' cached pages through handed-over
 descriptors, fails over to the next owner and, last, falls back to under storage.
+
+The fast path, for front-ends (FUSE, fsspec, gateways, anything new): call
+``read_fast(path, offset, length)`` first, on any thread -- ``Client.read_fast`` or
+``AsyncClient.read_fast``, or :func:`shoal.client.local.read_path` for a front-end that
+holds only a :class:`~shoal.client.cache.ClientCache`. It returns the bytes when the
+file's metadata and its pages' locations on a local worker are already known (a
+``pread`` and a checksum, no round trip, hits counted and reported later), else None:
+then ``read`` (or ``await read``) it, which fetches the locations so that the next
+``read_fast`` hits. To serve a whole cached file without copying it (``sendfile``, FUSE
+passthrough, ``mmap``), ``open_local(path)`` hands over a descriptor of the local
+worker's data file, and ``note_local_read(path, nbytes)`` counts what was served from it.
+
+Modules: ``aio`` (AsyncClient: reads and the counted fallback to under storage),
+``routing`` (definitions, ring, owners, suspects, pools, failover), ``shortcircuit``
+(LOCATE, LOCATE_DIR, ``read_fast``), ``local`` (the located reads themselves),
+``batch`` (``cat_many``), ``conn`` (connections and pools), ``cache`` (state that
+outlives a loop), ``hits`` (hit reports), ``control`` (the master's API), ``sync``.
 """
 
 from shoal.client.aio import AsyncClient

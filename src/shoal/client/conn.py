@@ -9,6 +9,10 @@ reuse connections idle that long, and a reused connection found closed before an
 of its answer came is replaced by a fresh one once, transparently (requests are
 idempotent, and one that got no answer was not served).
 
+Every new connection starts with a ``HELLO`` (the protocol version, see
+shoal.proto.wire): a worker of another version is refused with an error naming both
+versions, before any other request is sent on it.
+
 A request has one deadline (the pool's timeout) for all it does. One that takes longer
 than a thirtieth of it (at least ``PROBE_MIN``: 1 s by default) makes the pool ask the
 worker for a ``HELLO`` on a fresh connection (answered on the worker's event loop at
@@ -29,11 +33,11 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, TypeVar
 
 from shoal.errors import ProtocolError, ShoalError, Unavailable
 from shoal.proto import wire
-from shoal.proto.wire import Op, Status
+from shoal.proto.messages import HelloReply, HelloRequest, Request, decode_reply, encode_request
 
 #: smallest receive buffer a connection keeps (grown to the largest response, power of 2)
 _MIN_BUF = 1 << 20
@@ -56,9 +60,16 @@ class TimedOut(Unavailable):
     socket) will not help."""
 
 
+R = TypeVar("R")
+_HELLO = HelloRequest()
+
+
 @dataclass(slots=True)
-class Response:
-    meta: Any
+class Response(Generic[R]):
+    """A worker's answer: the typed reply (shoal.proto.messages), its data, the worker's
+    ring epoch and the descriptors it handed over."""
+
+    reply: R
     data: bytes
     epoch: int
     fds: list[int] = field(default_factory=list)
@@ -72,10 +83,14 @@ class Connection:
         self._hdr = bytearray(wire.RESP_HDR.size)
         self._buf: mmap.mmap | None = None
         self.broken = False
-        #: whether any byte of the current call's answer has come
+        #: whether any byte of the current call's answer has come, and a whole header
+        #: that answers it (a peer that speaks this framing at all)
         self.answered = False
+        self.framed = False
         #: monotonic time it went back to its pool
         self.idle_since = 0.0
+        #: the worker's answer to this connection's HELLO
+        self.hello: HelloReply | None = None
 
     def _buffer(self, n: int) -> memoryview:
         if n > _MAX_BUF:  # rare huge answers: a one-off buffer, not kept per connection
@@ -88,7 +103,12 @@ class Connection:
         return memoryview(self._buf)[:n]
 
     @classmethod
-    async def open(cls, address: str | tuple[str, int], timeout: float) -> Connection:
+    async def open(
+        cls, address: str | tuple[str, int], timeout: float, worker: str = ""
+    ) -> Connection:
+        """A connection that said HELLO to the worker at ``address`` (``worker``: the id
+        it must have, else Unavailable: the address now belongs to another worker, as
+        when a restarted worker's old port is taken by another one)."""
         loop = asyncio.get_running_loop()
         unix = isinstance(address, str)
         fam = socket.AF_UNIX if unix else socket.AF_INET
@@ -109,7 +129,28 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        return cls(sock, unix)
+        conn = cls(sock, unix)
+        try:
+            async with asyncio.timeout(timeout):
+                conn.hello = (await conn.call(_HELLO)).reply
+            wire.check_hello(conn.hello.version, _fmt(address))
+            if worker and conn.hello.worker != worker:
+                raise Unavailable(
+                    f"the worker at {_fmt(address)} is {conn.hello.worker!r}, not {worker!r}"
+                )
+        except TimeoutError:
+            conn.close()
+            raise Unavailable(f"worker at {_fmt(address)} did not answer its HELLO") from None
+        except ProtocolError as exc:
+            conn.close()
+            if conn.framed:
+                raise  # a worker that answered: another version, said in its own words
+            # not a shoal worker at all (its old port now someone else's): try elsewhere
+            raise Unavailable(f"no shoal worker at {_fmt(address)}: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def close(self) -> None:
         self.broken = True
@@ -121,13 +162,14 @@ class Connection:
                 pass
             self._buf = None
 
-    async def call(self, op: Op, args: list[Any], want_fds: bool = False) -> Response:
+    async def call(self, req: Request[R], want_fds: bool = False) -> Response[R]:
         """Send one request and read its response; errors from the worker are raised."""
         loop = asyncio.get_running_loop()
         self._req_id = (self._req_id + 1) & 0xFFFFFFFF
         self.answered = False
+        self.framed = False
         try:
-            await loop.sock_sendall(self.sock, wire.encode_request(op, self._req_id, args))
+            await loop.sock_sendall(self.sock, encode_request(req, self._req_id))
             fds: list[int] = []
             hdr = memoryview(self._hdr)
             if want_fds and self.unix:
@@ -137,6 +179,7 @@ class Connection:
             status, req_id, epoch, meta_len, data_len = wire.RESP_HDR.unpack(self._hdr)
             if req_id != self._req_id:
                 raise ProtocolError(f"response {req_id} for request {self._req_id}")
+            self.framed = True
             meta_buf = bytearray(meta_len)
             await self._recv_exact(memoryview(meta_buf))
             data = b""
@@ -152,12 +195,13 @@ class Connection:
         except BaseException:
             self.close()  # half-read response: the connection is unusable
             raise
-        meta = wire.unpack(meta_buf)
-        if status != Status.OK:
+        try:
+            reply = decode_reply(req, status, meta_buf)
+        except BaseException:
             for fd in fds:
                 os.close(fd)
-            raise wire.decode_error(meta)
-        return Response(meta, data, epoch, fds)
+            raise
+        return Response(reply, data, epoch, fds)
 
     async def _recv_exact(self, view: memoryview) -> None:
         loop = asyncio.get_running_loop()
@@ -205,8 +249,12 @@ def _fmt(address: str | tuple[str, int]) -> str:
 class Pool:
     """Idle connections to one worker address."""
 
-    def __init__(self, address: str | tuple[str, int], size: int, timeout: float) -> None:
+    def __init__(
+        self, address: str | tuple[str, int], size: int, timeout: float, worker: str = ""
+    ) -> None:
         self.address = address
+        #: the id of the worker expected at the address (checked at each HELLO)
+        self.worker = worker
         self.size = size
         self.timeout = timeout
         self._idle: list[Connection] = []
@@ -231,13 +279,13 @@ class Pool:
         else:
             conn.close()
 
-    async def call(self, op: Op, args: list[Any], want_fds: bool = False) -> Response:
+    async def call(self, req: Request[R], want_fds: bool = False) -> Response[R]:
         watch: _Watch | None = None
         try:
             async with asyncio.timeout(self.timeout) as cm:
                 watch = _Watch(self, cm)
                 try:
-                    return await self._call(op, args, want_fds)
+                    return await self._call(req, want_fds)
                 finally:
                     watch.stop()
         except TimeoutError:
@@ -259,25 +307,22 @@ class Pool:
     async def _hello(self) -> bool:
         try:
             async with asyncio.timeout(self.probe_after):
-                conn = await Connection.open(self.address, self.probe_after)
-                try:
-                    await conn.call(Op.HELLO, [wire.VERSION])
-                finally:
-                    conn.close()
+                conn = await Connection.open(self.address, self.probe_after, self.worker)
+                conn.close()
         except (TimeoutError, Unavailable):
             return False
         except ShoalError:
             pass  # it answered (with an error): alive
         return True
 
-    async def _call(self, op: Op, args: list[Any], want_fds: bool) -> Response:
+    async def _call(self, req: Request[R], want_fds: bool) -> Response[R]:
         for attempt in (0, 1):
             conn = self._take()
             reused = conn is not None
             if conn is None:
-                conn = await Connection.open(self.address, self.timeout)
+                conn = await Connection.open(self.address, self.timeout, self.worker)
             try:
-                resp = await conn.call(op, args, want_fds)
+                resp = await conn.call(req, want_fds)
             except Unavailable:
                 conn.close()
                 if reused and not conn.answered and attempt == 0:

@@ -112,6 +112,19 @@ def read_located(
     return data
 
 
+def read_path(c: ClientCache, path: str, offset: int = 0, length: int = -1) -> bytes | None:
+    """:func:`read_located` by path ("/<dataset>/<mount>/<path>" or "shoal://..."): the
+    one fast-path entry for front-ends (the clients' ``read_fast`` call it). No
+    validation: only exact, normalised keys can hit the caches, and anything else (odd
+    paths, errors) is None, left to the slow path to judge."""
+    p = path[8:] if path.startswith("shoal://") else path
+    name, _, key = p.lstrip("/").partition("/")
+    hit = c.datasets.get(name)
+    if hit is None or "/" not in key:
+        return None
+    return read_located(c, hit[0], key, offset, length)
+
+
 def touches_due(c: ClientCache) -> bool:
     """Whether buffered hits should be sent to their workers now (many, or old)."""
     log_ = c.touch_log

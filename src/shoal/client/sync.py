@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from shoal.client.aio import AsyncClient
 from shoal.client.cache import FORKS, ClientCache
-from shoal.client.local import read_located, touches_due
+from shoal.client.local import read_path, touches_due
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import Dataset, FileInfo, Mount
 from shoal.errors import ShoalError
@@ -132,24 +132,21 @@ class Client:
 
     # -- data -----------------------------------------------------------------------
 
-    def _fast(self, path: str, offset: int, length: int) -> bytes | None:
+    def read_fast(self, path: str, offset: int = 0, length: int = -1) -> bytes | None:
+        """The zero-round-trip read (see AsyncClient.read_fast): the bytes when the
+        file's metadata and page locations on a local worker are known, read with
+        ``pread`` on the caller's thread, else None (then :meth:`read` it). Never
+        raises for a path it cannot serve; hits are reported to their workers later."""
         if self._gen != FORKS[0]:
             self._after_fork()
-        # no validation here: only exact, already-normalised keys can hit the caches, and
-        # anything else (odd paths, errors) is left to the slow path to judge
-        p = path[8:] if path.startswith("shoal://") else path
-        name, _, key = p.lstrip("/").partition("/")
-        hit = self.cache.datasets.get(name)
-        if hit is None or "/" not in key:
-            return None
-        data = read_located(self.cache, hit[0], key, offset, length)
+        data = read_path(self.cache, path, offset, length)
         if data is not None and touches_due(self.cache) and self._loop is not None:
             self.cache.touched_at = time.monotonic()
             asyncio.run_coroutine_threadsafe(self._aio.flush_touches(), self._loop)
         return data
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
-        data = self._fast(path, offset, length)
+        data = self.read_fast(path, offset, length)
         if data is not None:
             return data
         return self._run(self._aio.read(path, offset, length))

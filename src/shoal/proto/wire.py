@@ -1,59 +1,88 @@
-"""The data-path protocol between clients and workers (version 1).
+"""The data-path protocol between clients and workers (version 2): frames and limits.
 
 Length-prefixed binary frames over TCP or a Unix socket; one request in flight per
 connection (clients pool connections for concurrency), so frames need no reordering.
+The messages inside the frames are typed, one frozen class per op's request and reply,
+encoded and decoded in one place: :mod:`shoal.proto.messages`.
 
 Request::
 
-    u32 body_len | u8 op | u32 req_id | body (msgpack array of the op's arguments)
+    u32 body_len | u8 op | u32 req_id | body (msgpack array: the request's fields)
 
 Response::
 
     u8 status | u32 req_id | u32 epoch | u32 meta_len | u64 data_len | meta | data
 
-``status`` is OK or ERR; an ERR's meta is ``{"code", "message"}`` (see shoal.errors).
-``epoch`` is the worker's ring epoch: a client holding an older ring refreshes it.
-``meta`` is msgpack; ``data`` is raw bytes (sent with sendfile where possible).
-On a Unix socket a LOCATE response carries open file descriptors (SCM_RIGHTS) in the
-same ``sendmsg`` as the response header, so a local client reads cached bytes with
-``pread`` and no copy passes through the worker.
+``status`` is OK or ERR; an ERR's meta is the map ``{"code", "message"}`` (see
+shoal.errors) in every version. ``epoch`` is the worker's ring epoch: a client holding
+an older ring refreshes it. ``meta`` is msgpack; ``data`` is raw bytes (sent with
+sendfile where possible). On a Unix socket a LOCATE response carries open file
+descriptors (SCM_RIGHTS) in the same ``sendmsg`` as the response header, so a local
+client reads cached bytes with ``pread`` and no copy passes through the worker.
 
-Ops and their arguments / response meta:
+Ops: request fields (the msgpack array, in this order) and reply (meta; data)
+(classes in shoal.proto.messages; a trailing field may be left out: its default):
 
-=========  ==========================================  =========================================
-op         request args                                response meta (data)
-=========  ==========================================  =========================================
-HELLO      [version]                                   {version, worker, node, epoch}
-STAT       [dataset, path, generation]                 FileInfo wire list
-LIST       [dataset, path, generation]                 [FileInfo wire list, ...]
-READ       [dataset, path, offset, length, version,    {v, size, first, pages: [[len, ck]...]}
-           page_size, generation]
-                                                       (the whole pages covering the range)
-BATCH      [dataset, [path, ...], generation]          {items: [[path, code, v, size, ck]...]}
-                                                       (the small files, concatenated)
-LOCATE     [dataset, path, version, offset, length,    {v, size, first, pages:
-           cached_only, ahead, page_size, generation]
-                                                       [[fd_slot, offset, len, ck]...],
-                                                       fds: [[dev, ino], ...]} + SCM_RIGHTS
-TOUCH      [dataset, [[path, v, pages, bytes]...]]     {} (hits served by short circuit)
-DROP       [dataset, path, version, index]             {} (a reader saw a bad checksum)
-LOCATE_DIR [dataset, directory, page_size,             {items: [[path, v, size, fd_slot,
-           generation]                                 offset, len, ck]...], fds, full}
-                                                       + SCM_RIGHTS (cached small files of a
-                                                       directory; directory None: of the whole
-                                                       dataset, if it is small enough)
-=========  ==========================================  =========================================
+==========  ==========================================  ====================================
+op          request                                     reply
+==========  ==========================================  ====================================
+HELLO       HelloRequest [version]                      HelloReply {version, worker, node,
+                                                        epoch} (a map, in every version)
+STAT        StatRequest [dataset, path, generation]     StatReply: FileInfo wire list
+LIST        ListRequest [dataset, path, generation]     ListReply [FileInfo wire list, ...]
+READ        ReadRequest [dataset, path, offset,         ReadReply [version, size, mtime,
+            length, version, page_size, generation]     first, [[len, ck], ...]]; the whole
+                                                        pages covering the range
+BATCH       BatchRequest [dataset, [path, ...],         BatchReply [[[path, status, version,
+            generation]                                 size, ck, code, message], ...]]; the
+                                                        OK items' bytes, concatenated
+LOCATE      LocateRequest [dataset, path, version,      LocateReply [version, size, mtime,
+            offset, length, cached_only, ahead,         first, [[fd_slot, offset, len, ck],
+            page_size, generation]                      ...], [[dev, ino], ...], miss]
+                                                        + SCM_RIGHTS
+TOUCH       TouchRequest [dataset, [[path, version,     Done [] (hits served by the short
+            pages, bytes], ...]]                        circuit)
+DROP        DropRequest [dataset, path, version,        Done [] (a reader saw a bad
+            index]                                      checksum)
+LOCATE_DIR  LocateDirRequest [dataset, directory,       LocateDirReply [[[path, version,
+            page_size, generation]                      size, fd_slot, offset, len, ck],
+                                                        ...], [[dev, ino], ...], full]
+                                                        + SCM_RIGHTS (cached small files of
+                                                        a directory; directory None: of the
+                                                        whole dataset, if small enough)
+==========  ==========================================  ====================================
+
+A BATCH item's ``status`` is an :class:`~shoal.proto.messages.ItemStatus`: OK (its
+bytes follow), ERROR (``code`` and ``message`` are the error of reading it) or
+NOT_SMALL (larger than a page: the client reads it with READ). A LOCATE of
+``cached_only`` for a file not wholly cached answers ``miss`` true.
 
 ``version`` None means "whatever the worker holds within the dataset's staleness bound".
-``page_size`` is the page layout the reader slices the answer with (0 or absent: not
-checked); a worker that serves the dataset with another page size (its policy changed)
-first refreshes its definitions, then answers the error ``stale_layout``
+``page_size`` is the page layout the reader slices the answer with (0: not checked); a
+worker that serves the dataset with another page size (its policy changed) first
+refreshes its definitions, then answers the error ``stale_layout``
 (:class:`~shoal.errors.StaleLayout`) and the reader refreshes its own and retries, so a
 reader never mixes two layouts. ``generation`` is the dataset generation the reader
-knows (absent: not checked); a worker that knows an older one (a sync or policy change
+knows (None: not checked); a worker that knows an older one (a sync or policy change
 it has not heard of yet) refreshes its definitions before it answers, so a reader that
 saw a sync is never answered from the old manifest.
 Paths are '<mount>/<relative path>' inside the dataset.
+
+Data-path protocol v2 (what changed from 1, and how versions meet):
+
+- Every op has one typed request and reply class (shoal.proto.messages); replies are
+  msgpack arrays instead of maps, and a BATCH item says what it is with a status
+  instead of an error message in its version field and a fake error code ("large").
+- The first frame on every connection is a HELLO carrying the client's version; the
+  worker answers its own. A worker refuses any other op on a connection that has not
+  said HELLO, and a HELLO of another version, with the protocol error naming both
+  versions ("this worker speaks data-path protocol 2, the client speaks 1: upgrade the
+  client"); a client meeting a worker of another version fails the same way ("worker
+  at HOST:PORT speaks data-path protocol 1, this client speaks 2: upgrade the worker"),
+  never with a decode error. HELLO's shapes and the ERR map never change between
+  versions, so this holds between any two.
+- Connections are pooled, so the HELLO costs one round trip per new connection, none
+  per request.
 """
 
 from __future__ import annotations
@@ -67,7 +96,8 @@ import msgpack
 
 from shoal.errors import InvalidArgument, ProtocolError, ShoalError, from_code
 
-VERSION = 1
+#: the data-path protocol version (HELLO carries it; see the docstring)
+VERSION = 2
 REQ_HDR = struct.Struct("<IBI")  # body_len, op, req_id
 RESP_HDR = struct.Struct("<BIIIQ")  # status, req_id, epoch, meta_len, data_len
 #: most file descriptors one LOCATE answer carries
@@ -90,7 +120,7 @@ def _limit(name: str, default: int | float) -> Any:
 # -- limits ----------------------------------------------------------------------------
 #
 # What a worker accepts from one peer, all checked with integer comparisons before any
-# work (see shoal.worker.server.Conn), so that no frame, however crafted, makes the
+# work (see shoal.worker.conn.Conn), so that no frame, however crafted, makes the
 # worker buffer, allocate or loop without bound:
 #
 # - a request's body is at most MAX_REQUEST bytes (MAX_REQUEST_LARGE for BATCH and
@@ -195,6 +225,37 @@ def check_op(op: int) -> Op:
         raise ProtocolError(f"unknown op {op}") from None
 
 
+# -- versions ---------------------------------------------------------------------
+
+
+def check_hello(version: int, where: str) -> None:
+    """Raise unless the worker at ``where``, whose HELLO said ``version``, speaks this
+    client's protocol version."""
+    if version != VERSION:
+        who = "the worker" if version < VERSION else "this client"
+        raise ProtocolError(
+            f"worker at {where} speaks data-path protocol {version}, this client "
+            f"speaks {VERSION}: upgrade {who}"
+        )
+
+
+def refuse_hello(client_version: int | None) -> ProtocolError | None:
+    """The worker's answer to a client of another version (None: no HELLO at all, as
+    from clients of protocol 1); None when the versions match."""
+    if client_version == VERSION:
+        return None
+    if client_version is None:
+        return ProtocolError(
+            f"this worker speaks data-path protocol {VERSION} and needs a HELLO first "
+            "(clients of protocol 1 send none): upgrade the client"
+        )
+    who = "the client" if client_version < VERSION else "the worker"
+    return ProtocolError(
+        f"this worker speaks data-path protocol {VERSION}, the client speaks "
+        f"{client_version}: upgrade {who}"
+    )
+
+
 #: ops whose requests may be MAX_REQUEST_LARGE
 _LARGE_OPS = frozenset({5, 7})  # BATCH, TOUCH
 
@@ -209,7 +270,7 @@ _S: tuple[type, ...] = (str,)
 _I: tuple[type, ...] = (int,)
 _SN: tuple[type, ...] = (str, _NONE)
 _IN: tuple[type, ...] = (int, _NONE)
-_BN: tuple[type, ...] = (bool, int, _NONE)
+_B: tuple[type, ...] = (bool,)
 _L: tuple[type, ...] = (list,)
 _ANY: tuple[type, ...] = (object,)
 
@@ -218,12 +279,12 @@ _ARGS: dict[Op, tuple[int, tuple[tuple[type, ...], ...]]] = {
     Op.HELLO: (0, (_ANY,)),
     Op.STAT: (2, (_S, _S, _IN)),
     Op.LIST: (2, (_S, _S, _IN)),
-    Op.READ: (5, (_S, _S, _I, _I, _SN, _IN, _IN)),
+    Op.READ: (5, (_S, _S, _I, _I, _SN, _I, _IN)),
     Op.BATCH: (2, (_S, _L, _IN)),
-    Op.LOCATE: (5, (_S, _S, _SN, _I, _I, _BN, _IN, _IN, _IN)),
+    Op.LOCATE: (5, (_S, _S, _SN, _I, _I, _B, _I, _I, _IN)),
     Op.TOUCH: (2, (_S, _L)),
     Op.DROP: (4, (_S, _S, _S, _I)),
-    Op.LOCATE_DIR: (2, (_S, _SN, _IN, _IN)),
+    Op.LOCATE_DIR: (2, (_S, _SN, _I, _IN)),
 }
 #: positions of integer arguments that must not be negative (length may be -1)
 _NON_NEGATIVE: dict[Op, tuple[int, ...]] = {

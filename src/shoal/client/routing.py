@@ -1,0 +1,258 @@
+"""How the client reaches workers: what it knows of the cluster (dataset definitions,
+the ring and its epoch, kept fresh in the background), a file's owners in order,
+suspects (workers that failed to answer, skipped for a while), connection pools per
+worker and way in (Unix socket or TCP), and failover to the next owner, looking at the
+ring once more when every known address failed (a worker restarted on another port).
+
+Base of :class:`~shoal.client.aio.AsyncClient`, under the short circuit
+(:mod:`shoal.client.shortcircuit`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from shoal.client.cache import ClientCache, WorkerAddr
+from shoal.client.conn import Pool, R, Response, TimedOut
+from shoal.client.hits import EXTRA_OWNERS, HitBook
+from shoal.client.local import TOUCH_EVERY
+from shoal.config import ClientSettings
+from shoal.core.ring import Ring
+from shoal.core.types import Dataset, NsPath, split_path
+from shoal.errors import ShoalError, Unavailable
+from shoal.proto.messages import REQUESTS, Request
+from shoal.proto.wire import Op
+
+log = logging.getLogger("shoal.client")
+
+#: seconds a worker that failed to answer is skipped
+SUSPECT_FOR = 5.0
+#: a read that finds every owner unreachable looks at the ring again, at most this often
+RING_RECHECK_EVERY = 1.0
+#: seconds between log lines about one worker's failovers, or one dataset's fallbacks
+#: to under storage (the others are counted in the next line)
+FAILOVER_LOG_EVERY = 10.0
+
+
+class Routing(HitBook):
+    def __init__(self, settings: ClientSettings, cache: ClientCache | None = None) -> None:
+        super().__init__(settings, cache or ClientCache())
+        self._pools: dict[tuple[str, bool], Pool] = {}
+        self._suspect: dict[str, float] = {}
+        #: kind of warning -> (occurrences not yet logged, when its last line was written)
+        self._warned: dict[str, tuple[int, float]] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        #: the event loop this client's connections and tasks belong to (its first)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ring_datasets_gen: int | None = None
+        #: the master's datasets_generation at the last refresh of the definitions
+        self._datasets_gen: int | None = None
+        self.cache.refresh_every = settings.ring_refresh
+
+    # -- datasets and the ring ---------------------------------------------------------
+
+    async def dataset(self, name: str, refresh: bool = False) -> Dataset:
+        hit = self.cache.datasets.get(name)
+        if hit is not None and not refresh:
+            if time.monotonic() - self.cache.checked_at > self.settings.ring_refresh:
+                self._refresh_soon()
+            return hit[0]
+        try:
+            ds = await self.fetch_dataset(name)
+        except Unavailable:
+            if hit is not None:
+                return hit[0]  # the master is down: keep serving what we know
+            raise
+        now = time.monotonic()
+        self._install(ds, now)
+        if not self.cache.checked_at:
+            self.cache.checked_at = now  # a new client: what it just fetched is fresh
+        return ds
+
+    async def _resolve(self, path: str) -> tuple[Dataset, NsPath]:
+        np = split_path(path)
+        if self.cache.ring is None and np.dataset not in self.cache.datasets:
+            # a new client: learn the dataset and the ring in one round trip's time
+            ds, _ = await asyncio.gather(self.dataset(np.dataset), self._ring())
+            return ds, np
+        return await self.dataset(np.dataset), np
+
+    async def refresh_ring(self) -> Ring:
+        ring, workers, self._ring_datasets_gen = await self.fetch_ring()
+        c = self.cache
+        if c.ring is None or ring.epoch >= c.ring.epoch:
+            c.workers.update(workers)
+            c.ring = ring
+        c.ring_at = time.monotonic()
+        return c.ring
+
+    def _refresh_soon(self) -> None:
+        if self._refreshing is not None and not self._refreshing.done():
+            return
+
+        async def refresh() -> None:
+            try:
+                await self.refresh_ring()
+                gen = self._ring_datasets_gen
+                if gen is None or gen != self._datasets_gen:
+                    # a sync or policy change: new definitions drop what they invalidate
+                    await self.datasets()
+                    self._datasets_gen = gen
+            except ShoalError as exc:
+                log.debug("background refresh failed: %s", exc)
+            finally:
+                # tried: the short circuit serves on (a master that is down must not
+                # send every read the slow way) until the next refresh is due
+                self.cache.checked_at = time.monotonic()
+
+        self._refreshing = asyncio.get_running_loop().create_task(refresh())
+
+    def _tick_soon(self) -> None:
+        """Start the background ticker of this loop, once: it sends buffered hits (the
+        short circuit's and note_local_read's) every TOUCH_EVERY seconds and keeps the
+        dataset definitions fresh, so that neither waits for a read on the slow path."""
+        if self._ticker is None or self._ticker.done():
+            self._loop = loop = asyncio.get_running_loop()
+            self._ticker = loop.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TOUCH_EVERY)
+            if self.cache.touch_log:
+                try:
+                    await self.flush_touches()
+                except Exception as exc:  # advisory: the next tick tries again
+                    log.debug("touch flush failed: %s", exc)
+            if time.monotonic() - self.cache.checked_at > self.settings.ring_refresh:
+                self._refresh_soon()
+
+    async def _ring(self) -> Ring:
+        self._tick_soon()
+        c = self.cache
+        if c.ring is None:
+            return await self.refresh_ring()
+        if time.monotonic() - c.ring_at > self.settings.ring_refresh:
+            self._refresh_soon()
+        return c.ring
+
+    def _saw_epoch(self, epoch: int) -> None:
+        ring = self.cache.ring
+        if ring is not None and epoch > ring.epoch:
+            self._refresh_soon()
+
+    # -- owners, pools, failover ---------------------------------------------------------
+
+    async def owners(self, ds: Dataset, path: str) -> list[WorkerAddr]:
+        """Workers to try for a file, in order: ring owners, then a few more for failover."""
+        ring = await self._ring()
+        ids = ring.owners(f"{ds.name}/{path}", ds.policy.replicas + EXTRA_OWNERS)
+        addrs = [self.cache.workers[i] for i in ids if i in self.cache.workers]
+        if ds.policy.placement == "local":
+            addrs.sort(key=lambda w: w.node != self.settings.node)
+        now = time.monotonic()
+        healthy = [w for w in addrs if self._suspect.get(w.id, 0.0) <= now]
+        return healthy + [w for w in addrs if w not in healthy]
+
+    def _pool(self, w: WorkerAddr, local: bool) -> Pool:
+        key = (w.id, local)
+        pool = self._pools.get(key)
+        if pool is None or pool.address != (w.uds if local else (w.host, w.port)):
+            addr: str | tuple[str, int] = w.uds if local else (w.host, w.port)
+            pool = self._pools[key] = Pool(
+                addr, self.settings.pool_size, self.settings.request_timeout, w.id
+            )
+        return pool
+
+    async def _call(
+        self, w: WorkerAddr, op: Op, args: list[Any], want_fds: bool = False
+    ) -> Response:
+        """HitBook's untyped call (TOUCH and DROP in shoal.client.hits): the fields are
+        checked and sent as the op's typed request."""
+        return await self._send(w, REQUESTS[op].decode(args), want_fds)
+
+    async def _send(self, w: WorkerAddr, req: Request[R], want_fds: bool = False) -> Response[R]:
+        local = self.is_local(w)
+        try:
+            resp = await self._pool(w, local).call(req, want_fds)
+        except TimedOut:
+            raise  # the worker itself does not answer: its TCP port will not either
+        except Unavailable:
+            if local:  # the socket file may be stale; TCP is the other way in
+                resp = await self._pool(w, False).call(req)
+            else:
+                raise
+        self._saw_epoch(resp.epoch)
+        return resp
+
+    async def _with_failover(self, ds: Dataset, np: NsPath, req: Request[R]) -> Response[R]:
+        last: ShoalError | None = None
+        tried: dict[str, WorkerAddr] = {}
+        owners = await self.owners(ds, np.key_path)
+        for again in (False, True):
+            for w in owners:
+                tried[w.id] = w
+                try:
+                    return await self._send(w, req)
+                except Unavailable as exc:
+                    self._mark_suspect(w, exc)
+                    last = exc
+            if again or last is None:
+                break
+            owners = await self._moved_owners(ds, np.key_path, tried)
+        raise last or Unavailable("no live workers in the ring")
+
+    async def _moved_owners(
+        self, ds: Dataset, key: str, tried: dict[str, WorkerAddr]
+    ) -> list[WorkerAddr]:
+        """Every owner tried was unreachable: the ring may have moved since this client
+        last looked (a worker restarted on another port, another one took over). Look
+        now, once, and return the owners not tried yet at their current address. (The
+        ring is fetched at most every RING_RECHECK_EVERY seconds this way, so an outage
+        does not send every read to the master.)"""
+        if time.monotonic() - self.cache.ring_at >= RING_RECHECK_EVERY:
+            try:
+                await self.refresh_ring()
+            except ShoalError as exc:
+                log.debug("ring refresh after every owner failed: %s", exc)
+                return []
+        return [w for w in await self.owners(ds, key) if tried.get(w.id) != w]
+
+    def _mark_suspect(self, w: WorkerAddr, exc: Exception) -> None:
+        now = time.monotonic()
+        self._suspect[w.id] = now + SUSPECT_FOR
+        self.cache.counters.failovers += 1
+        self._warn(
+            f"failover {w.id}", "worker %s unavailable (%s); trying the next owner", w.id, exc
+        )
+        self._refresh_soon()
+
+    def _warn(self, kind: str, fmt: str, *args: object) -> None:
+        """A warning that can come once per read (a failover, a fallback): the first of
+        its kind at once, then at most one line per FAILOVER_LOG_EVERY with the count of
+        the ones not shown (the last one's details)."""
+        now = time.monotonic()
+        n, since = self._warned.get(kind, (0, -FAILOVER_LOG_EVERY))
+        n += 1
+        if now - since >= FAILOVER_LOG_EVERY:
+            if n > 1:
+                fmt += " (%d times in %.0fs)"
+                args = (*args, n, min(now - since, FAILOVER_LOG_EVERY))
+            log.warning(fmt, *args)
+            self._warned[kind] = (0, now)
+        else:
+            self._warned[kind] = (n, since)
+
+    def _layout_moved(self, ds: Dataset) -> bool:
+        """Whether the dataset's page layout changed since ``ds`` was read (a reply in
+        the old layout must not be installed next to the new one)."""
+        hit = self.cache.datasets.get(ds.name)
+        return hit is not None and hit[0].policy.page_size != ds.policy.page_size
+
+    def _close_pools(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()

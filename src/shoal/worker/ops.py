@@ -1,0 +1,249 @@
+"""What each data-path op does on the worker: typed requests (shoal.proto.messages) in,
+:class:`Answer` out. Connection handling is :mod:`shoal.worker.conn`'s, routing and
+catching up with a reader's definitions :mod:`shoal.worker.server`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import xxhash
+
+from shoal.core.paging import page_count
+from shoal.core.types import NEVER, FileKey
+from shoal.errors import InvalidArgument, ShoalError
+from shoal.proto import wire
+from shoal.proto.messages import (
+    DONE,
+    AnyReply,
+    BatchItem,
+    BatchReply,
+    DirItem,
+    ItemStatus,
+    LocateDirReply,
+    LocateReply,
+    ReadReply,
+    TouchItem,
+)
+from shoal.store.base import Location
+from shoal.worker.handover import DirAnswers, Handover
+from shoal.worker.loader import Loader, Pages, Piece, fits
+from shoal.worker.stats import Stats
+
+#: a whole dataset's locations are handed over in one answer up to this many files
+DATASET_LOCATE_MAX = 100_000
+#: pages one TOUCH item may bump (bounds the work of one frame)
+_TOUCH_PAGES_MAX = wire.MAX_TOUCH_PAGES
+_NO_DIR = LocateDirReply([], [], False)
+
+
+@dataclass(slots=True)
+class Answer:
+    """A reply and what travels with it."""
+
+    reply: AnyReply | wire.Packed
+    pieces: list[Piece] = field(default_factory=list)
+    #: descriptors to hand over (Unix socket only); closed after sending if owned
+    fds: list[int] = field(default_factory=list)
+    own_fds: bool = True
+
+
+def piece_len(p: Piece) -> int:
+    return p.length if isinstance(p, Location) else len(p)
+
+
+def _piece_ck(p: Piece) -> int:
+    return p.checksum if isinstance(p, Location) else xxhash.xxh3_64_intdigest(p)
+
+
+def _verify(loc: Location) -> bool:
+    """Whether the page's bytes on disk still match their checksum (False if unreadable);
+    run in a thread: it reads a whole page."""
+    try:
+        fd = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        data = os.pread(fd, loc.length, loc.offset)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return len(data) == loc.length and xxhash.xxh3_64_intdigest(data) == loc.checksum
+
+
+class Ops:
+    """The per-op work of the data path, over one loader and its statistics."""
+
+    def __init__(
+        self,
+        loader: Loader,
+        stats: Stats,
+        dirs: DirAnswers,
+        note: Callable[[str, str], None],
+    ) -> None:
+        self.loader = loader
+        self.stats = stats
+        self.dirs = dirs
+        self.note = note
+
+    async def drop(self, dataset: str, path: str, version: str, index: int) -> Answer:
+        """A reader says this page failed its checksum: drop (and count) it only if the
+        worker's own check of the bytes on disk fails too. Anyone can send a DROP, so a
+        good page stays (counted as a refused drop) and nothing is refetched for it."""
+        key = FileKey(dataset, path, version).page(index)
+        store = self.loader.store
+        loc = store.peek(key)
+        if loc is None:
+            return Answer(DONE)
+        if await asyncio.to_thread(_verify, loc):
+            self.stats.refused_drops += 1
+            self.note("drops of a good page refused", f"/{dataset}/{path} page {index}")
+            return Answer(DONE)
+        if store.peek(key) == loc:  # still the bytes just checked
+            store.drop_corrupt(key)  # counted by the store
+        return Answer(DONE)
+
+    def read_answer(self, dataset: str, pages: Pages, local: bool) -> Answer:
+        total = sum(piece_len(p) for p in pages.pieces)
+        self.stats.served(dataset, total - min(total, pages.ufs_bytes), pages.ufs_bytes, local)
+        info = pages.info
+        reply = ReadReply(
+            info.version,
+            info.size,
+            info.mtime,
+            pages.first,
+            [[piece_len(p), _piece_ck(p)] for p in pages.pieces],
+        )
+        return Answer(reply, pages.pieces)
+
+    def locate_answer(self, dataset: str, pages: Pages, ahead: int = 0) -> Answer:
+        """Where the requested pages are; plus, up to ``ahead`` bytes, the already cached
+        pages that follow (never fetched for this), so a sequential reader of a large
+        file needs one round trip per window instead of one per page."""
+        h = Handover()
+        out: list[list[int]] = []
+        pieces: list[Piece] = list(pages.pieces)
+        if ahead > 0 and pieces:
+            ds = self.loader.table.get(dataset)
+            ps = ds.policy.page_size
+            more = min(ahead // ps, wire.MAX_AHEAD_PAGES)
+            last = min(page_count(pages.info.size, ps), pages.first + len(pieces) + more)
+            for i in range(pages.first + len(pieces), last):
+                # peek: the client reports what it reads
+                loc = self.loader.located(ds, pages.info, i, peek=True)
+                if loc is None:
+                    break
+                pieces.append(loc)
+        try:
+            for p in pieces:
+                slot = h.slot(p.path) if isinstance(p, Location) else None
+                if slot is None:
+                    out.append([-1, 0, piece_len(p), 0])  # read it with READ instead
+                else:
+                    assert isinstance(p, Location)
+                    out.append([slot, p.offset, p.length, p.checksum])
+        except OSError:
+            h.abort()
+            raise
+        total = sum(piece_len(p) for p in pages.pieces)
+        # the client reads these bytes itself, right away: they count as served locally
+        self.stats.served(dataset, total - min(total, pages.ufs_bytes), pages.ufs_bytes, True)
+        info = pages.info
+        reply = LocateReply(info.version, info.size, info.mtime, pages.first, out, h.ids)
+        return Answer(reply, fds=h.fds)
+
+    def locate_dir(self, dataset: str, directory: str | None) -> Answer:
+        """Locations of every small file of a directory (None: of the whole dataset, up to
+        DATASET_LOCATE_MAX files) that is cached at the version this worker would serve,
+        so a new reader process needs one round trip per directory or dataset, not one
+        per file. Only under "never revalidate": otherwise each open revalidates.
+        ``full`` is False when descriptors ran out and some cached files were left out."""
+        ds = self.loader.table.get(dataset)
+        store = self.loader.store
+        if ds.policy.staleness != NEVER:
+            return Answer(_NO_DIR)
+        if directory is None and (store.file_count(dataset) or 0) > DATASET_LOCATE_MAX:
+            return Answer(_NO_DIR)
+        kept = self.dirs.get(ds, directory)
+        if kept is not None:
+            return Answer(wire.Packed(kept[0]), fds=kept[1], own_fds=False)
+        h = Handover()
+        items: list[DirItem] = []
+        full = True
+        files = (
+            store.files(dataset) if directory is None else store.files_in_dir(dataset, directory)
+        )
+        try:
+            for fk in files:
+                info = self.loader.current(ds, fk.path)
+                if info is None or info.version != fk.version or info.size > ds.policy.page_size:
+                    continue
+                loc = store.peek(fk.page(0))  # the client reports its reads later
+                if loc is None or not fits(loc, info.size, ds.policy.page_size, 0):
+                    continue
+                slot = h.slot(loc.path)
+                if slot is None:
+                    full = False
+                    continue
+                items.append(
+                    (fk.path, fk.version, info.size, slot, loc.offset, loc.length, loc.checksum)
+                )
+        except OSError:
+            h.abort()
+            raise
+        meta = wire.Packed(wire.pack(LocateDirReply(items, h.ids, full).encode()))
+        fds = self.dirs.put(ds, directory, meta, h)
+        if fds is None:
+            return Answer(meta, fds=h.fds)
+        return Answer(meta, fds=fds, own_fds=False)
+
+    def touch(self, dataset: str, items: tuple[TouchItem, ...]) -> Answer:
+        files = nbytes = 0
+        budget = _TOUCH_PAGES_MAX * 4
+        for path, version, npages, size in items:
+            fk = FileKey(dataset, path, version)  # type: ignore[arg-type]  # None: as sent
+            n = min(int(npages), _TOUCH_PAGES_MAX, budget)
+            budget -= n
+            for i in range(n):
+                if not self.loader.store.touch(fk.page(i)):  # bumps recency
+                    break
+            files += 1
+            nbytes += max(0, int(size))
+        self.stats.touched(dataset, files, nbytes)
+        return Answer(DONE)
+
+    async def batch(self, dataset: str, paths: tuple[str, ...], local: bool) -> Answer:
+        if len(paths) > wire.MAX_BATCH:
+            raise InvalidArgument(f"batch of {len(paths)} files: at most {wire.MAX_BATCH}")
+        ds = self.loader.table.get(dataset)
+
+        async def one(path: str) -> Pages | ShoalError:
+            try:
+                fast = self.loader.try_cached(dataset, path, None, 0, -1)
+                return (
+                    fast if fast is not None else await self.loader.read(dataset, path, None, 0, -1)
+                )
+            except ShoalError as exc:
+                return exc
+
+        results = await asyncio.gather(*(one(p) for p in paths))
+        items: list[BatchItem] = []
+        pieces: list[Piece] = []
+        for path, res in zip(paths, results, strict=True):
+            if isinstance(res, ShoalError):
+                items.append(BatchItem.failed(path, res))
+                continue
+            info = res.info
+            if info.size > ds.policy.page_size:
+                items.append(BatchItem(path, ItemStatus.NOT_SMALL, info.version, info.size))
+                continue
+            p = res.pieces[0]
+            items.append(BatchItem(path, ItemStatus.OK, info.version, info.size, _piece_ck(p)))
+            pieces.append(p)
+            n = piece_len(p)
+            self.stats.served(dataset, n - min(n, res.ufs_bytes), res.ufs_bytes, local)
+        return Answer(BatchReply(tuple(items)), pieces)
