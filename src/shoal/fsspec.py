@@ -38,17 +38,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import fsspec
-from fsspec.asyn import AsyncFileSystem, get_loop, sync
+from fsspec.asyn import AsyncFileSystem, get_loop
 from fsspec.implementations.chained import ChainedFileSystem
-from fsspec.spec import AbstractBufferedFile, make_instance
+from fsspec.spec import make_instance
 
 from shoal import fsspec_options as options
 from shoal.client.aio import AsyncClient
 from shoal.client.cache import ClientCache
-from shoal.client.local import read_located
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import FileInfo, split_path
 from shoal.errors import ShoalError
+from shoal.fsspec_file import ClientConn, ShoalFile
 from shoal.fsspec_unmounted import Underlying, UnmountedStats
 from shoal.readahead import PatternCache
 
@@ -145,7 +145,7 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         self.target_protocol = target_protocol
         self._under = Underlying(target_protocol or "", dict(target_options or {}))
         self.client_cache = ClientCache()
-        self._conn = _Conn()
+        self._conn = ClientConn()
         self._prefixes: list[tuple[str, str, str]] | None = None  # (uri prefix, ds, mount)
         weakref.finalize(self, self._conn.close)
 
@@ -482,73 +482,3 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         import datetime
 
         return datetime.datetime.fromtimestamp(self.info(path)["mtime"], datetime.UTC)
-
-
-class ShoalFile(AbstractBufferedFile):
-    """A read-only file; a block cache (PatternCache by default) sits over ``_fetch_range``."""
-
-    fs: ShoalFileSystem
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        fs = self.fs
-        data = _read_here(fs, self.path, start, end - start)
-        if data is not None:
-            return data
-        data = sync(fs.loop, fs._read, self.path, start, end)
-        return bytes(data)
-
-
-def _read_here(fs: ShoalFileSystem, path: str, offset: int, length: int) -> bytes | None:
-    """A read from pages already located on the local worker, on the caller's thread."""
-    if fs.target_protocol is not None:
-        return None
-    try:
-        np = split_path("/" + fs._strip_protocol(path))
-    except ShoalError:
-        return None
-    hit = fs.client_cache.datasets.get(np.dataset)
-    if hit is None or not np.rel:
-        return None
-    return read_located(fs.client_cache, hit[0], np.key_path, offset, length)
-
-
-class _Conn:
-    """The AsyncClient of one (process, event loop); apart from the filesystem so a
-    finalizer can close it without keeping the filesystem alive."""
-
-    def __init__(self) -> None:
-        self.aio: AsyncClient | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.pid = os.getpid()
-
-    def get(self, settings: ClientSettings, cache: ClientCache) -> AsyncClient:
-        running = asyncio.get_running_loop()
-        aio = self.aio
-        if aio is not None and self.loop is running and self.pid == os.getpid():
-            return aio
-        if aio is not None:
-            aio.abandon()  # bound to another loop or a parent process: drop, don't await
-        self.aio = aio = AsyncClient(settings, cache)
-        self.loop, self.pid = running, os.getpid()
-        return aio
-
-    def close(self) -> None:
-        aio, loop, self.aio = self.aio, self.loop, None
-        if aio is None or loop is None or self.pid != os.getpid():
-            return
-        try:
-            if not loop.is_running():
-                aio.abandon()
-            elif _running_loop() is loop:  # collected on the loop's own thread: can't wait
-                loop.create_task(aio.close())
-            else:
-                asyncio.run_coroutine_threadsafe(aio.close(), loop).result(timeout=10)
-        except Exception as exc:  # closing is best effort (interpreter exit, dead loop)
-            log.debug("closing the shoal client failed: %s", exc)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
