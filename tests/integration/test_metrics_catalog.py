@@ -233,3 +233,12 @@ def test_fuse_reads_are_timed(scrapes: Scrapes) -> None:
     assert s.value(FUSE, "shoal_fuse_request_seconds_bucket", op="READ", le="+Inf") == reads
     assert s.value(FUSE, "shoal_fuse_request_seconds_sum", op="READ") > 0
     assert s.value(FUSE, "shoal_fuse_client_read_bytes_total") > 0
+
+
+def test_worker_reads_are_timed(scrapes: Scrapes) -> None:
+    # every file was read once over TCP after the load: warm READs, timed by the workers
+    s = scrapes
+    n = len(s.files)
+    assert s.value(WORKER, "shoal_read_seconds_count", op="read", source="cache") >= n
+    assert s.value(WORKER, "shoal_read_seconds_bucket", op="read", source="cache", le="+Inf") >= n
+    assert s.value(WORKER, "shoal_read_seconds_sum", op="read") > 0

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ProtocolError, ShoalError, Unavailable
@@ -34,6 +35,9 @@ from shoal.worker.ops import Answer, piece_len
 
 if TYPE_CHECKING:
     from shoal.worker.server import DataService
+
+#: ops whose latency shoal_read_seconds records, by their label
+_TIMED = {Op.READ: "read", Op.LOCATE: "locate", Op.BATCH: "batch"}
 
 log = logging.getLogger("shoal.worker.server")
 
@@ -204,6 +208,7 @@ class Conn(asyncio.Protocol):
                     self._send_error(req_id, refusal)
                     continue
                 self.greeted = True
+            t0 = time.perf_counter()
             try:
                 reply = self.service.try_fast(req, self.local)
             except ShoalError as exc:
@@ -217,15 +222,23 @@ class Conn(asyncio.Protocol):
                 continue
             if reply is not None:
                 self._answer(op, req_id, reply)
+                self._timed(op, reply, t0)
                 continue
             self.busy = True
-            asyncio.get_running_loop().create_task(self._slow(req, req_id))
+            asyncio.get_running_loop().create_task(self._slow(req, req_id, t0))
 
     def _bad_args(self, op: Op, exc: Exception) -> ShoalError:
         self.service.note("malformed requests refused", f"{self.peer}: {op.name}: {exc!r}")
         return ProtocolError(f"bad arguments for {op.name}: {exc}")
 
-    async def _slow(self, req: AnyRequest, req_id: int) -> None:
+    def _timed(self, op: Op, reply: Answer, t0: float) -> None:
+        """Read latency, from the request's arrival to its reply handed to the socket."""
+        name = _TIMED.get(op)
+        if name is not None:
+            source = "ufs" if reply.ufs else "cache"
+            self.service.latency.observe(name, source, time.perf_counter() - t0)
+
+    async def _slow(self, req: AnyRequest, req_id: int, t0: float) -> None:
         op = req.OP
         try:
             reply = await self.service.handle(req, self.local)
@@ -237,6 +250,7 @@ class Conn(asyncio.Protocol):
             self._send_error(req_id, self.service.internal(op, exc))
         else:
             self._answer(op, req_id, reply)
+            self._timed(op, reply, t0)
         finally:
             self.busy = False
         self._go_on()

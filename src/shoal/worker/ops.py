@@ -49,6 +49,8 @@ class Answer:
     #: descriptors to hand over (Unix socket only); closed after sending if owned
     fds: list[int] = field(default_factory=list)
     own_fds: bool = True
+    #: some of the bytes came from under storage just now (the latency's source)
+    ufs: bool = False
 
 
 def piece_len(p: Piece) -> int:
@@ -118,7 +120,7 @@ class Ops:
             pages.first,
             [[piece_len(p), _piece_ck(p)] for p in pages.pieces],
         )
-        return Answer(reply, pages.pieces)
+        return Answer(reply, pages.pieces, ufs=pages.ufs_bytes > 0)
 
     def locate_answer(self, dataset: str, pages: Pages, ahead: int = 0) -> Answer:
         """Where the requested pages are; plus, up to ``ahead`` bytes, the already cached
@@ -154,7 +156,7 @@ class Ops:
         self.stats.served(dataset, total - min(total, pages.ufs_bytes), pages.ufs_bytes, True)
         info = pages.info
         reply = LocateReply(info.version, info.size, info.mtime, pages.first, out, h.ids)
-        return Answer(reply, fds=h.fds)
+        return Answer(reply, fds=h.fds, ufs=pages.ufs_bytes > 0)
 
     def locate_dir(self, dataset: str, directory: str | None) -> Answer:
         """Locations of every small file of a directory (None: of the whole dataset, up to
@@ -233,6 +235,7 @@ class Ops:
         results = await asyncio.gather(*(one(p) for p in paths))
         items: list[BatchItem] = []
         pieces: list[Piece] = []
+        fetched = False
         for path, res in zip(paths, results, strict=True):
             if isinstance(res, ShoalError):
                 items.append(BatchItem.failed(path, res))
@@ -246,4 +249,5 @@ class Ops:
             pieces.append(p)
             n = piece_len(p)
             self.stats.served(dataset, n - min(n, res.ufs_bytes), res.ufs_bytes, local)
-        return Answer(BatchReply(tuple(items)), pieces)
+            fetched = fetched or res.ufs_bytes > 0
+        return Answer(BatchReply(tuple(items)), pieces, ufs=fetched)

@@ -53,6 +53,7 @@ from shoal.store.space import Aggregated
 from shoal.worker.conn import Conn
 from shoal.worker.handover import DirAnswers
 from shoal.worker.loader import Loader
+from shoal.worker.metrics import ReadLatency
 from shoal.worker.ops import DATASET_LOCATE_MAX, Answer, Ops
 from shoal.worker.stats import Stats
 
@@ -99,6 +100,8 @@ class DataService:
     def __init__(self, loader: Loader, stats: Stats, worker_id: str, node: str) -> None:
         self.loader = loader
         self.stats = stats
+        #: shoal_read_seconds: read latency by op and source (worker/metrics.py)
+        self.latency = ReadLatency()
         self.worker_id = worker_id
         self.node = node
         self.epoch = 0
