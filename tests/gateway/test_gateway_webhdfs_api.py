@@ -278,7 +278,7 @@ def test_hdfscli(gw: WebHdfs, gw_dataset: Any) -> None:
 
 
 def test_metrics_and_url_file(gw: WebHdfs) -> None:
-    assert gw.url_file is not None and gw.url_file.read_text() == gw.url
+    assert gw.url_file is not None and gw.url_file.read_text().strip() == gw.url
     gw.get(f"/{gw.ds}/data/big/large.bin", "OPEN", offset=0, length=1000)
     text = requests.get(gw.url + "/metrics", timeout=10).text
     assert 'shoal_gateway_requests_total{gateway="webhdfs",op="OPEN",status="200"}' in text
