@@ -69,3 +69,28 @@ def test_metrics_on_master_and_workers(moto: MotoServer, cluster: TestCluster, b
     assert 'source="ufs"' in text
     master = _get(cluster.master_url + "/metrics")
     assert "shoal_ring_epoch" in master and "shoal_cached_bytes" in master
+
+
+def test_fallback_reads_are_counted_by_cause(
+    moto: MotoServer, tmp_path: object, bucket: str, s3_credentials: None
+) -> None:
+    from pathlib import Path
+
+    from shoal.testing.cluster import start_cluster
+
+    c = start_cluster(Path(str(tmp_path)) / "c", workers=1)
+    try:
+        files = _seed(moto, c, bucket, n=3)
+        with c.client(short_circuit=False) as cl:
+            first = next(iter(files))
+            assert cl.read(first) == files[first]  # learns the ring and the dataset
+            c.kill_worker(0)
+            for path, data in files.items():
+                assert cl.read(path) == data  # from the store, counted
+            n = cl.counters()["ufs_fallback"]
+            causes = cl.aio.cache.counters.fallback_causes
+            assert n >= len(files) - 1 and sum(causes.values()) == n, causes
+            assert set(causes) <= {"unavailable", "no_worker"}, causes
+            assert "fallback_causes" not in cl.counters()  # counters() stays int-valued
+    finally:
+        c.stop()

@@ -232,6 +232,8 @@ class AsyncClient(ShortCircuit):
             ufs = self._ufs[key] = open_store(ds.mount(np.mount))
         c = self.cache.counters
         c.ufs_fallback += 1
+        why = cause.code if cause is not None else "no_worker"
+        c.fallback_causes[why] = c.fallback_causes.get(why, 0) + 1
         self._warn(
             f"fallback {ds.name}",
             "no worker could serve %s (%s); reading under storage directly",

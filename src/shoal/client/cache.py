@@ -77,9 +77,12 @@ class Counters:
     bytes_local: int = 0
     bytes_remote: int = 0
     bytes_ufs: int = 0
+    #: ufs_fallback by the error that sent the read there (its code; no_worker: none
+    #: answered): a code of the one error table, so the label stays bounded
+    fallback_causes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
 
 
 class LRU(OrderedDict[Any, Any]):
