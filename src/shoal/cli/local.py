@@ -247,17 +247,23 @@ class LocalCluster:
         return self.gateway_urls[kind]
 
     def start(self) -> str:
+        """Start the master, the workers and the gateways; on any failure stop what
+        was started (a half-started cluster would outlive its caller)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        if self.auth:
-            self.prepare_auth()
-        self.start_master()
-        for i in range(self.workers):
-            self.start_worker(i)
-        self.save()
-        self.wait_ring(self.workers)
-        for kind, port in self.gateways.items():
-            self.start_gateway(kind, port)
-        self.save()
+        try:
+            if self.auth:
+                self.prepare_auth()
+            self.start_master()
+            for i in range(self.workers):
+                self.start_worker(i)
+            self.save()
+            self.wait_ring(self.workers)
+            for kind, port in self.gateways.items():
+                self.start_gateway(kind, port)
+            self.save()
+        except BaseException:
+            self.stop()
+            raise
         return self.master_url
 
     def wait_ring(self, n: int, timeout: float = 20.0) -> None:
