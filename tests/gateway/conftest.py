@@ -221,4 +221,9 @@ def seed() -> Any:
 def gwkit() -> Any:
     """This module's helpers (KEYS, start_gateway, write_credentials ...) for test
     modules, which do not import conftest."""
-    return sys.modules[__name__]
+    return _THIS
+
+
+#: this module, taken while it is being imported: every conftest.py of the tree is
+#: imported under the name "conftest", so sys.modules[__name__] later is the last one
+_THIS = sys.modules[__name__]
