@@ -67,6 +67,7 @@ bluestore block wal create = false
 osd memory target = 2147483648
 osd op num shards = 2
 osd op num threads per shard = 1
+osd class update on start = false
 mgr initial modules =
 [client.rgw.bench]
 rgw data = $DIR/rgw
@@ -87,9 +88,10 @@ start() {
   fi
   alive "$RUN/mon.a.pid" || inns ceph-mon -c "$CONF" -i a
   if [[ ! -f $DIR/osd/mon.osd-created ]]; then
-    inns ceph -c "$CONF" --connect-timeout 30 osd create >/dev/null
+    local uuid; uuid=$(cat /proc/sys/kernel/random/uuid)
+    inns ceph -c "$CONF" --connect-timeout 30 osd create "$uuid" >/dev/null
     mkdir -p "$DIR/osd/osd.0"
-    inns ceph-osd -c "$CONF" -i 0 --mkfs >"$DIR/log/osd-mkfs.log" 2>&1
+    inns ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$uuid" >"$DIR/log/osd-mkfs.log" 2>&1
     touch "$DIR/osd/mon.osd-created"
   fi
   alive "$RUN/osd.0.pid" || inns ceph-osd -c "$CONF" -i 0

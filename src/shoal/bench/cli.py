@@ -22,7 +22,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="write no files")
     p.add_argument("--contender", action="append", default=[], help="only these (repeat)")
     p.add_argument("--workload", action="append", default=[],
-                   help="only these: small, mix, large, meta, train, parquet, load, manifest (repeat)")  # fmt: skip
+                   help="only these: small, mix, large, meta, train, parquet, load, manifest, "
+                        "gateway (repeat)")  # fmt: skip
     p.add_argument("--procs", type=int, help="N reader processes")
     p.add_argument("--small-files", type=int)
     p.add_argument("--mix-files", type=int)

@@ -87,6 +87,7 @@ def to_json(rep: Report) -> dict[str, Any]:
             {"workload": w, "contender": c, "bytes": v} for (w, c), v in rep.fetched.items()
         ],
         "parquet": rep.extra.get("parquet"),
+        "gateway_cpu": rep.extra.get("gateway"),
     }
 
 

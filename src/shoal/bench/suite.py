@@ -18,6 +18,7 @@ from typing import Any
 
 from shoal.bench import runner
 from shoal.bench.contenders import REGISTRY, BenchEnv, Boto3, Contender
+from shoal.bench.gatewayrun import gateway_targets
 from shoal.bench.netshape import DelayProxy, Link, measure_link
 from shoal.bench.stats import Result, Sample, Target
 from shoal.bench.stores import DataSpec, MotoStore, RgwStore, Store, upload, write_local
@@ -121,7 +122,7 @@ class Report:
 
 def targets(procs: int) -> list[Target]:
     cold = f"small-100KB cold p{procs}"
-    return [
+    return [  # noqa: RUF005
         Target("warm 100 KB, client >= 0.8x local page cache",
                ("small-100KB warm p1", "shoal-client"), ("small-100KB warm p1", "local-dir"), 0.8),
         Target("warm 100 KB, client >= 1.5x fsspec filecache",
@@ -142,7 +143,7 @@ def targets(procs: int) -> list[Target]:
                ("small-100KB load", "shoal-load"), (cold, "boto3"), 0.9),
         Target("listing a 1M-file dataset from its manifest in under 5 s",
                ("manifest list-all", "shoal-client"), ("manifest list-all", "goal"), 1.0),
-    ]  # fmt: skip
+    ] + gateway_targets(procs)  # fmt: skip
 
 
 class Suite:
@@ -372,6 +373,25 @@ class Suite:
                     with contextlib.suppress(Exception):
                         c.teardown()
 
+    def run_gateway(self) -> None:
+        """boto3 through the S3 gateway against boto3 direct and the Python client."""
+        from shoal.bench import gateway
+
+        assert self.env is not None
+        large = "large/blob.bin" if self.cfg.large_size else None
+        store = tuple(self.store.pids()) if self.store is not None else ()
+        p = gateway.Passes(self.cfg, self.env, self._measure, self.spec.keys("small"), large,
+                           self.say, store)  # fmt: skip
+        self.report.about.update(gateway.ABOUT)
+        self.report.about.setdefault("boto3", REGISTRY["boto3"].about)
+        self.report.about.setdefault("shoal-client", REGISTRY["shoal-client"].about)
+        try:
+            p.run()
+        finally:
+            self.report.extra["gateway"] = p.cpu
+            for k, v in p.cpu.items():
+                self.say(f"  cpu {k}: {v}")
+
     def run_jobs(self) -> None:
         """Data operations: a load job against raw GETs, and listing from a manifest."""
         from shoal.bench import jobs
@@ -436,7 +456,13 @@ class Suite:
                 )
                 self._measure(f"small-100KB cold p{self.cfg.procs}", b,
                               partial(runner.epoch, b, self.spec.keys("small"), self.cfg.procs, self.cfg.cold_threads, 100, cap_s=self.cfg.cold_cap_s), True)  # fmt: skip
-            for c in cs:
+            if self._want("gateway"):
+                with self.section("S3 gateway"):
+                    self.run_gateway()
+                    self.shoal_cold()  # what follows starts from an empty cache, as before
+            # the per-contender workloads; none asked for: no contender's set-up
+            per_contender = ("small", "mix", "large", "meta", "parquet")
+            for c in cs if any(self._want(w) for w in per_contender) else []:
                 with self.section(c.name):
                     try:
                         c.setup()

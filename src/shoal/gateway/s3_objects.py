@@ -1,8 +1,9 @@
 """HeadObject and GetObject: conditions, ranges and the body.
 
 Metadata comes from the client's cache (manifest or file info within the dataset's
-staleness bound): a warm GET makes no master and no worker metadata round trip. The
-body goes out one of three ways:
+staleness bound): a warm GET makes no master and no worker metadata round trip, and a
+cold whole-object GET reads before it stats (:func:`_read_first`), so that it costs one
+GET at the store, not a HEAD and a GET. The body goes out one of three ways:
 
 - up to :data:`SMALL` bytes: one ``client.read`` (from the located pages of a local
   worker: a pread in this process) and one write;
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from shoal.errors import NotFound, ShoalError
+from shoal.errors import IsADirectory, NotFound, ShoalError
 from shoal.gateway.s3_xml import S3Error, etag_of, http_date, parse_http_date
 from shoal.gateway.server import send_file_range
 
@@ -127,6 +128,7 @@ def conditions(headers: Mapping[str, str], etag: str, mtime: float) -> int | Non
 async def get_object(gw: S3Gateway, ctx: Ctx, head: bool) -> web.StreamResponse:
     ctx.op = "HeadObject" if head else "GetObject"
     gw.check_read(ctx)
+    first = None if head else await _read_first(gw, ctx)
     info = await gw.client.stat(ctx.path)
     if info.is_dir:
         raise NotFound(f"{ctx.key}: no such key")
@@ -161,7 +163,10 @@ async def get_object(gw: S3Gateway, ctx: Ctx, head: bool) -> web.StreamResponse:
         await resp.write_eof()
         return resp
     if length <= SMALL:
-        data = await gw.client.read(ctx.path, start, length) if length else b""
+        if first is not None and rng is None and len(first) == info.size:
+            data = first
+        else:
+            data = await gw.client.read(ctx.path, start, length) if length else b""
         ctx.nbytes = len(data)
         return web.Response(status=status, body=data, headers=headers)
     fd = None
@@ -191,6 +196,23 @@ async def get_object(gw: S3Gateway, ctx: Ctx, head: bool) -> web.StreamResponse:
         if fd is not None:
             os.close(fd)
     return resp
+
+
+async def _read_first(gw: S3Gateway, ctx: Ctx) -> bytes | None:
+    """A whole-object GET reads first and stats after: the worker's read of a file it
+    does not know brings the file's info with its first page (one GET at the store),
+    and the client remembers that info, so the stat then answers from the client's
+    cache. Stat first, a cold GET would cost a HEAD at the store and a worker round
+    trip more (measured: cold 100 KB GETs at 0.3-0.5x a direct GET). Warm, both answer
+    from the cache in either order. The first :data:`SMALL` bytes, or None (a ranged
+    GET, or no such file: the stat then says so in S3's terms); other errors are the
+    GET's."""
+    if "Range" in ctx.request.headers:
+        return None
+    try:
+        return await gw.client.read(ctx.path, 0, SMALL)
+    except (NotFound, IsADirectory):
+        return None
 
 
 async def _stream(
