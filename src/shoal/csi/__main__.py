@@ -62,7 +62,7 @@ def add_node_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a stat in the FUSE mount slower than this: not answering (default %(default)s)",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
 
 
 def run_node(args: argparse.Namespace) -> int:
