@@ -5,6 +5,7 @@ process (``python -m shoal gateway KIND ...``) on port 0."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -222,6 +223,22 @@ def gwkit() -> Any:
     """This module's helpers (KEYS, start_gateway, write_credentials ...) for test
     modules, which do not import conftest."""
     return _THIS
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate and key for 127.0.0.1 (the gateways over HTTPS)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (needed for a test certificate)")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
 
 
 #: this module, taken while it is being imported: every conftest.py of the tree is

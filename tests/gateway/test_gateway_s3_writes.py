@@ -4,8 +4,6 @@ multipart upload, aws-chunked bodies over TLS, DeleteObject, read-only datasets.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,21 +29,6 @@ def code_of(exc: ClientError) -> tuple[int, str]:
 def readonly(gw_dataset: GatewayData, seed: Any) -> GatewayData:
     ds: GatewayData = seed(gw_dataset.cluster, gw_dataset.moto, "gw-readonly", {"a.bin": b"ro"})
     return ds
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (needed for a test certificate)")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 @pytest.fixture(scope="module")

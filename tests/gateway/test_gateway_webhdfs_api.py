@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -293,19 +292,12 @@ def test_tls_and_anonymous_access(
     tmp_path_factory: pytest.TempPathFactory,
     gwkit: Any,
     monkeypatch: pytest.MonkeyPatch,
+    tls: tuple[Path, Path],
 ) -> None:
     """--tls-cert/--tls-key: redirects stay on https; --allow-anonymous reads without a
     user or token."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (needed for a test certificate)")
+    cert, key = tls
     d = tmp_path_factory.mktemp("webhdfs-tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
     args = ["--allow-anonymous", "--tls-cert", str(cert), "--tls-key", str(key)]
     url, proc = gwkit.start_gateway("webhdfs", gw_dataset.cluster.master_url, args, d / "gw.log")
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shoal.cli.output import add_master
+from shoal.cli.gateway import add_serving_args, load_credentials
 from shoal.errors import InvalidArgument
 
 BANNER = "shoal webhdfs gateway listening on {url}"
@@ -24,34 +24,14 @@ def register(sub: Any) -> None:
         "<mount>/<path>. Reads by default; CREATE/APPEND/DELETE pass through to under "
         "storage for the datasets named with --writable. See docs/gateway-webhdfs.md.",
     )
-    add_master(p)
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1)")
-    p.add_argument("--port", type=int, default=9870, help="port (9870; 0: any free port)")
-    p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate chain")
-    p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert")
-    p.add_argument(
-        "--credentials",
-        metavar="FILE",
-        help="users, access keys, their datasets and public datasets (docs/gateways.md)",
-    )
-    p.add_argument(
-        "--allow-anonymous",
-        action="store_true",
-        help="run without --credentials: every dataset is readable without authentication",
+    add_serving_args(
+        p, 9870, "users, access keys, their datasets and public datasets (docs/gateways.md)"
     )
     p.add_argument(
         "--trust-user-name",
         action="store_true",
         help="honour user.name= (Hadoop's simple authentication, an unverified "
         "assertion) for the credentials file's users; only on a trusted network",
-    )
-    p.add_argument(
-        "--writable",
-        action="append",
-        default=[],
-        metavar="DATASET",
-        help="accept CREATE/APPEND/DELETE to DATASET from users who may write it "
-        "(repeatable; default: every dataset is read-only)",
     )
     p.add_argument(
         "--block-size",
@@ -63,7 +43,6 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--list-limit", type=int, default=1000, help="entries per LISTSTATUS_BATCH page (1000)"
     )
-    p.add_argument("--spool-dir", metavar="DIR", help="where write bodies are spooled ($TMPDIR)")
     p.add_argument(
         "--make-token",
         metavar="ACCESS_KEY",
@@ -72,27 +51,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--token-ttl", type=float, default=86400.0, help="seconds a made token lives (86400)"
     )
-    p.add_argument("--url-file", metavar="FILE", help="write the URL here once listening")
-    p.add_argument("--log-level", default="info", help="log level (info)")
     p.set_defaults(handler=cmd_gateway_webhdfs)
-
-
-def _credentials(args: argparse.Namespace) -> Any:
-    from shoal.gateway.auth import Credentials
-
-    if args.credentials and args.allow_anonymous:
-        raise InvalidArgument(
-            "--allow-anonymous is for running without --credentials; "
-            "mark datasets public in the credentials file instead"
-        )
-    if args.credentials:
-        return Credentials.load(args.credentials)
-    if args.allow_anonymous:
-        return Credentials.open_access()
-    raise InvalidArgument(
-        "the webhdfs gateway needs --credentials FILE (or --allow-anonymous to serve "
-        "every dataset without authentication)"
-    )
 
 
 def _make_token(args: argparse.Namespace) -> int:
@@ -125,7 +84,7 @@ def cmd_gateway_webhdfs(args: argparse.Namespace) -> int:
         return _make_token(args)
     if not 0 <= args.port <= 65535:
         raise InvalidArgument(f"invalid --port {args.port}")
-    credentials = _credentials(args)
+    credentials = load_credentials(args, "webhdfs")
     tls_context(args.tls_cert, args.tls_key)  # a bad certificate fails before binding
     settings = ClientSettings(master=master_url(args))
     block_size = parse_size(args.block_size)

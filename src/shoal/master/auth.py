@@ -34,13 +34,13 @@ from typing import Any
 from aiohttp import web
 
 from shoal.core.tokens import ADMIN, READER, WORKER, Claims, verify
-from shoal.errors import PermissionDenied, ShoalError, Unauthenticated
+from shoal.errors import ShoalError, Unauthenticated
 from shoal.proto import control
 
 log = logging.getLogger("shoal.master.auth")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-CLAIMS = "shoal.claims"
+CLAIMS: web.RequestKey[Claims] = web.RequestKey("claims", Claims)
 #: what an open API (no secret) grants
 OPEN_CLAIMS = Claims("anonymous", ADMIN)
 COOKIE = "shoal_token"
@@ -146,6 +146,3 @@ def visible(request: web.Request, items: list[Any], key: Callable[[Any], str]) -
     if claims.datasets is None:
         return items
     return [i for i in items if claims.may_use(key(i))]
-
-
-__all__ = ["CLAIMS", "Gate", "PermissionDenied", "claims_of", "required_roles", "visible"]

@@ -78,6 +78,15 @@ class BackupInfo:
         }
 
 
+def copy_db(conn: sqlite3.Connection, dest: str) -> None:
+    """SQLite's online backup of ``conn`` into a new database file at ``dest``."""
+    out = sqlite3.connect(dest)
+    try:
+        conn.backup(out)
+    finally:
+        out.close()
+
+
 #: writes one database's copy to the given path (MasterState/JobState.backup_into)
 CopyDb = Callable[[str], None]
 

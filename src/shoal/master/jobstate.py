@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.core.jobs import JobSpec, Progress, TaskRun
+from shoal.master.backup import copy_db
 
 #: task columns added after the first release: (name, declaration), for older state dirs
 _ADDED_TASK_COLUMNS = (
@@ -120,11 +121,7 @@ class JobState:
 
     def backup_into(self, dest: str) -> None:
         """An online, consistent copy of the database as a new file at ``dest``."""
-        out = sqlite3.connect(dest)
-        try:
-            self._db.backup(out)
-        finally:
-            out.close()
+        copy_db(self._db, dest)
 
     def _x(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, args)

@@ -30,6 +30,7 @@ from typing import Any
 from shoal.core.membership import EXPIRED, LIVE, WorkerInfo, WorkerRecord
 from shoal.core.types import CachePolicy, Dataset
 from shoal.errors import DatasetExists, DatasetNotFound
+from shoal.master.backup import copy_db
 
 log = logging.getLogger("shoal.master.state")
 
@@ -110,11 +111,7 @@ class MasterState:
 
     def backup_into(self, dest: str) -> None:
         """An online, consistent copy of the database as a new file at ``dest``."""
-        out = sqlite3.connect(dest)
-        try:
-            self._db.backup(out)
-        finally:
-            out.close()
+        copy_db(self._db, dest)
 
     def _tx(self) -> _Tx:
         return _Tx(self._db)
