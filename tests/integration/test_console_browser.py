@@ -308,14 +308,21 @@ def test_a_cli_load_shows_a_moving_progress_bar_and_stops_and_resumes(
         for rel in list(files)[:150]:  # cached now: the dataset's charts show hits
             assert c.cat(f"/slow/data/{rel}") == files[rel]
         read_at = time.time() + 1.5  # the reads reach the master with the next heartbeats
-    # the dataset page lists the job, its mounts and its cache on both workers
-    watched.open("/ui/datasets/slow")
+    # the dataset page lists the job, its mounts and its cache on both workers (the
+    # workers report what they hold with their heartbeats: the last files of the job
+    # can reach the page one heartbeat after the job is done)
+    deadline = time.monotonic() + 15
+    while True:
+        watched.open("/ui/datasets/slow")
+        spread = watched.page.eval_on_selector_all(
+            "[data-part=workers] [data-field=cached_files]", "els => els.map(e => +e.dataset.value)"
+        )
+        if sum(spread) == 300 or time.monotonic() > deadline:
+            break
+        watched.page.wait_for_timeout(250)
+    assert sum(spread) == 300 and len(spread) == 2, spread
     assert watched.page.query_selector(f'[data-part=jobs] tr[data-job="{job}"]') is not None
     assert watched.page.inner_text("[data-part=mounts] code") == "s3://console-slow"
-    spread = watched.page.eval_on_selector_all(
-        "[data-part=workers] [data-field=cached_files]", "els => els.map(e => +e.dataset.value)"
-    )
-    assert sum(spread) == 300 and len(spread) == 2
     if os.environ.get("SHOAL_CONSOLE_SCREENSHOTS") == "1":
         # charts with the reads in them: wait for a history sample that has them
         watched.page.wait_for_function(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time  # noqa: F401  # tests patch shoal.client.aio.time.monotonic (the clock of routing)
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -141,6 +141,7 @@ class AsyncClient(ShortCircuit):
     ) -> bytes:
         last: ShoalError | None = None
         tried: dict[str, WorkerAddr] = {}
+        since = time.monotonic()
         owners = await self.owners(ds, np.key_path)
         for again in (False, True):
             for w in owners:
@@ -163,7 +164,7 @@ class AsyncClient(ShortCircuit):
                         break
             if again or not isinstance(last, Unavailable):
                 break
-            owners = await self._moved_owners(ds, np.key_path, tried)
+            owners = await self._moved_owners(ds, np.key_path, tried, since)
         if isinstance(last, Unavailable | CorruptData | StaleLayout) or last is None:
             return await self._fallback(ds, np, offset, length, last)
         raise last

@@ -45,6 +45,8 @@ class Routing(HitBook):
         #: kind of warning -> (occurrences not yet logged, when its last line was written)
         self._warned: dict[str, tuple[int, float]] = {}
         self._refreshing: asyncio.Task[None] | None = None
+        #: when a read whose owners were all unreachable last fetched the ring
+        self._rechecked_at = -RING_RECHECK_EVERY
         self._ticker: asyncio.Task[None] | None = None
         #: the event loop this client's connections and tasks belong to (its first)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -191,6 +193,7 @@ class Routing(HitBook):
     async def _with_failover(self, ds: Dataset, np: NsPath, req: Request[R]) -> Response[R]:
         last: ShoalError | None = None
         tried: dict[str, WorkerAddr] = {}
+        since = time.monotonic()
         owners = await self.owners(ds, np.key_path)
         for again in (False, True):
             for w in owners:
@@ -202,20 +205,26 @@ class Routing(HitBook):
                     last = exc
             if again or last is None:
                 break
-            owners = await self._moved_owners(ds, np.key_path, tried)
+            owners = await self._moved_owners(ds, np.key_path, tried, since)
         raise last or Unavailable("no live workers in the ring")
 
     async def _moved_owners(
-        self, ds: Dataset, key: str, tried: dict[str, WorkerAddr]
+        self, ds: Dataset, key: str, tried: dict[str, WorkerAddr], since: float
     ) -> list[WorkerAddr]:
         """Every owner tried was unreachable: the ring may have moved since this client
-        last looked (a worker restarted on another port, another one took over). Look
-        now, once, and return the owners not tried yet at their current address. (The
-        ring is fetched at most every RING_RECHECK_EVERY seconds this way, so an outage
-        does not send every read to the master.)"""
-        if time.monotonic() - self.cache.ring_at >= RING_RECHECK_EVERY:
+        last looked (a worker restarted on another port, another one took over). Unless
+        the ring was fetched after this read began (``since``), look now and return the
+        owners not tried yet at their current address. A refresh already on its way is
+        awaited, not repeated, and these lookups come at most every RING_RECHECK_EVERY
+        seconds, so an outage does not send every read to the master."""
+        now = time.monotonic()
+        if self.cache.ring_at < since:
             try:
-                await self.refresh_ring()
+                if self._refreshing is not None and not self._refreshing.done():
+                    await asyncio.shield(self._refreshing)
+                elif now - self._rechecked_at >= RING_RECHECK_EVERY:
+                    self._rechecked_at = now
+                    await self.refresh_ring()
             except ShoalError as exc:
                 log.debug("ring refresh after every owner failed: %s", exc)
                 return []

@@ -195,6 +195,8 @@ class Daemon:
                 res = handler(nodeid, view[p.IN_HEADER.size : n])
             except Exception as exc:
                 self._fail(unique, opcode, exc)
+                if hist is not None:  # a failed request is timed like an answered one
+                    hist.observe(clock() - t0)
                 continue
             if type(res) is CoroutineType:
                 task = asyncio.get_running_loop().create_task(self._finish(unique, opcode, res, t0))
