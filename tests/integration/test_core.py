@@ -13,6 +13,7 @@ import pytest
 from shoal.client import AsyncClient
 from shoal.config import ClientSettings
 from shoal.testing.cluster import TestCluster, sample_files
+from shoal.testing.reports import wait_report
 from shoal.testing.s3 import CountingProxy, MotoServer, make_bucket
 
 pytestmark = pytest.mark.integration
@@ -77,7 +78,7 @@ def test_reads_are_byte_exact_on_every_path(
         assert names == {"/ds/data/big/large.bin"}
         assert {e.path for e in tcp.ls("/ds")} == {"/ds/data"}
         local.flush()
-    report = _report_after_heartbeat(
+    report = wait_report(
         cluster, lambda r: _ds(r)["hits"] >= len(want) and _ds(r)["cached_files"] >= len(files)
     )
     d = _ds(report)
@@ -87,18 +88,6 @@ def test_reads_are_byte_exact_on_every_path(
 
 def _ds(report: dict, name: str = "ds") -> dict:
     return next(d for d in report["datasets"] if d["name"] == name)
-
-
-def _report_after_heartbeat(cluster: TestCluster, ok, timeout: float = 10.0) -> dict:
-    import time
-
-    deadline = time.monotonic() + timeout
-    with cluster.client() as c:
-        while True:
-            r = c.report()
-            if ok(r) or time.monotonic() > deadline:
-                return r
-            time.sleep(0.2)
 
 
 def test_one_backend_get_per_page_for_concurrent_readers(
@@ -148,7 +137,7 @@ def test_eviction_under_a_small_quota(
             for _ in range(2):
                 for k, v in files.items():
                     assert cl.read(f"/ds/data/{k}") == v
-        r = _report_after_heartbeat(c, lambda r: r["workers"] and r["workers"][0]["used"] > 0)
+        r = wait_report(c, lambda r: r["workers"] and r["workers"][0]["used"] > 0)
         w = r["workers"][0]
         assert 0 < w["used"] <= 3 * MiB
         assert _ds(r)["cached_bytes"] < sum(map(len, files.values()))

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import fsspec
 import pytest
 
 from shoal.testing.cluster import TestCluster, sample_files
+from shoal.testing.reports import wait_dataset
 from shoal.testing.s3 import MotoServer, make_bucket
 
 pytestmark = pytest.mark.integration
@@ -31,15 +31,9 @@ def _seed(moto: MotoServer, cluster: TestCluster, bucket: str, name: str) -> dic
     return {f"/{name}/data/{k}": v for k, v in files.items()}
 
 
-def _report(cluster: TestCluster, name: str, reads: int, timeout: float = 20) -> dict[str, Any]:
+def _report(cluster: TestCluster, name: str, reads: int) -> dict[str, Any]:
     """The dataset's report once it counts ``reads`` reads (hits + misses)."""
-    deadline = time.monotonic() + timeout
-    with cluster.client() as c:
-        while True:
-            d = next(x for x in c.report()["datasets"] if x["name"] == name)
-            if d["hits"] + d["misses"] >= reads or time.monotonic() > deadline:
-                return d
-            time.sleep(0.1)
+    return wait_dataset(cluster, name, lambda d: d["hits"] + d["misses"] >= reads, timeout=20)
 
 
 def _check(d: dict[str, Any], files: dict[str, bytes], local: bool) -> None:

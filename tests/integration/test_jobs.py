@@ -16,6 +16,7 @@ import pytest
 
 from shoal.core.types import Mount
 from shoal.testing.cluster import TestCluster, sample_files, start_cluster
+from shoal.testing.reports import wait_dataset
 from shoal.testing.s3 import CountingProxy, MotoServer, make_bucket, s3_client
 
 pytestmark = pytest.mark.integration
@@ -45,18 +46,6 @@ def wait_job(cluster: TestCluster, job_id: str, timeout: float = 120) -> dict[st
             time.sleep(0.2)
 
 
-def report_ds(
-    cluster: TestCluster, ok: Any = lambda d: True, timeout: float = 10
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    with cluster.client() as c:
-        while True:
-            d = next(x for x in c.report()["datasets"] if x["name"] == "ds")
-            if ok(d) or time.monotonic() > deadline:
-                return d
-            time.sleep(0.2)
-
-
 def test_load_is_incremental_and_serves_reads_with_no_store_requests(
     moto: MotoServer, cluster: TestCluster, bucket: str
 ) -> None:
@@ -69,7 +58,7 @@ def test_load_is_incremental_and_serves_reads_with_no_store_requests(
         assert r["state"] == "done"
         assert (r["files_done"], r["files_skipped"], r["files_failed"]) == (len(files), 0, 0)
         assert r["bytes_done"] == sum(map(len, files.values()))
-        d = report_ds(cluster, lambda d: d["cached_files"] == len(files))
+        d = wait_dataset(cluster, "ds", lambda d: d["cached_files"] == len(files))
         assert d["store_files"] == len(files) and d["cached_pct"] == pytest.approx(100.0)
         proxy.reset()
         with cluster.client(short_circuit=False) as c:
@@ -105,7 +94,7 @@ def test_metadata_only_then_listing_and_stat_come_from_the_manifest(
         st = json.loads(shoal(cluster, "fs", "stat", "/ds/data/001/f000100.bin", "--json").stdout)
         assert st["size"] == len(files["001/f000100.bin"])
         assert proxy.counts() == {}
-        d = report_ds(cluster)
+        d = wait_dataset(cluster, "ds")
         assert d["store_files"] == 500 and d["cached_files"] == 0
 
 
@@ -139,10 +128,10 @@ def test_free_and_sync(moto: MotoServer, cluster: TestCluster, bucket: str) -> N
     make_bucket(moto.endpoint, bucket, files)
     create(cluster, bucket, moto.endpoint)
     shoal(cluster, "load", "/ds", "--wait")
-    report_ds(cluster, lambda d: d["cached_files"] == 200)
+    wait_dataset(cluster, "ds", lambda d: d["cached_files"] == 200)
     r = json.loads(shoal(cluster, "free", "/ds/data/000", "--wait", "--json").stdout)
     assert r["state"] == "done" and r["files_done"] == 100
-    assert report_ds(cluster, lambda d: d["cached_files"] == 100)["cached_files"] == 100
+    assert wait_dataset(cluster, "ds", lambda d: d["cached_files"] == 100)["cached_files"] == 100
     # sync: a changed and a deleted object; staleness=never serves the old until synced
     key = "001/f000100.bin"
     with cluster.client() as c:
@@ -168,8 +157,12 @@ def test_ttl_expires_and_staleness_bound_revalidates(
         create(cluster, bucket, proxy.endpoint, ttl="2s", staleness="1s")
         with cluster.client(short_circuit=False) as c:
             assert c.read("/ds/data/a.bin") == files["a.bin"]
-            assert report_ds(cluster, lambda d: d["cached_files"] == 1)["cached_files"] == 1
-            assert report_ds(cluster, lambda d: d["cached_files"] == 0)["cached_files"] == 0
+            assert (
+                wait_dataset(cluster, "ds", lambda d: d["cached_files"] == 1)["cached_files"] == 1
+            )
+            assert (
+                wait_dataset(cluster, "ds", lambda d: d["cached_files"] == 0)["cached_files"] == 0
+            )
             s3_client(moto.endpoint).put_object(Bucket=bucket, Key="b.bin", Body=b"v1")
             assert c.read("/ds/data/b.bin") == b"v1"
             s3_client(moto.endpoint).put_object(Bucket=bucket, Key="b.bin", Body=b"v2")

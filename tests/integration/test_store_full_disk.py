@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from shoal.testing.cluster import TestCluster, sample_files, start_cluster
+from shoal.testing.reports import dataset_of, wait_report
 from shoal.testing.s3 import CountingProxy, MotoServer, make_bucket
 from shoal.testing.store_disk import small_tmpfs
 
@@ -52,14 +52,11 @@ def load(c: TestCluster, path: str) -> dict[str, Any]:
 
 def cached_files(c: TestCluster, name: str, ok: Any, timeout: float = 10) -> int:
     """The dataset's cached files as the report says, once ``ok(n)`` (heartbeats lag)."""
-    deadline = time.monotonic() + timeout
-    with c.client() as cl:
-        while True:
-            d = next((x for x in cl.report()["datasets"] if x["name"] == name), None)
-            n = 0 if d is None else int(d["cached_files"])
-            if ok(n) or time.monotonic() > deadline:
-                return n
-            time.sleep(0.2)
+
+    def n_of(r: dict[str, Any]) -> int:
+        return int((dataset_of(r, name) or {}).get("cached_files", 0))
+
+    return n_of(wait_report(c, lambda r: bool(ok(n_of(r))), timeout))
 
 
 def storm_lines(c: TestCluster) -> list[str]:
