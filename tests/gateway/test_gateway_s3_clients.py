@@ -86,6 +86,16 @@ def test_aws_cli(s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any, tmp_p
     _run([*base, "cp", str(src), f"s3://{bkt}/data/cli/up.bin"], wenv)
     _run([*base, "cp", f"s3://{bkt}/data/cli/up.bin", str(tmp_path / "down.bin")], env)
     assert (tmp_path / "down.bin").read_bytes() == src.read_bytes()
+    # mv inside the gateway is a CopyObject and a DeleteObject
+    _run([*base, "mv", f"s3://{bkt}/data/cli/up.bin", f"s3://{bkt}/data/cli/moved.bin"], wenv)
+    _run([*base, "cp", f"s3://{bkt}/data/cli/moved.bin", str(tmp_path / "moved.bin")], env)
+    assert (tmp_path / "moved.bin").read_bytes() == src.read_bytes()
+    listed = _run([*base, "ls", f"s3://{bkt}/data/cli/"], env)
+    assert "moved.bin" in listed and "up.bin" not in listed
+    _run([*base, "rm", "--recursive", f"s3://{bkt}/data/cli/"], wenv)
+    # an empty listing: the aws CLI prints nothing and exits 1
+    gone = subprocess.run([*base, "ls", f"s3://{bkt}/data/cli/"], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "moved.bin" not in gone.stdout and gone.stdout.strip() == "", gone.stdout
 
 
 def test_s3fs(s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any) -> None:

@@ -1,5 +1,6 @@
 """Writes through the S3 gateway (checkpoints): PutObject and read-after-write,
-multipart upload, aws-chunked bodies over TLS, DeleteObject, read-only datasets."""
+multipart upload, aws-chunked bodies over TLS, DeleteObject, CopyObject, DeleteObjects,
+read-only datasets."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
+
+from shoal.testing.s3 import s3_client
 
 if TYPE_CHECKING:
     from conftest import Gateway, GatewayData
@@ -227,3 +230,81 @@ def test_reader_may_not_write(
     with pytest.raises(ClientError) as e:
         reader.put_object(Bucket=gw_dataset.bucket, Key="data/x.bin", Body=b"x")
     assert code_of(e.value) == (403, "AccessDenied")
+
+
+def _sync_jobs(gw_dataset: GatewayData) -> int:
+    with gw_dataset.cluster.client() as c:
+        return sum(1 for j in c.jobs()["jobs"] if j["kind"] == "sync")
+
+
+def test_copy_object(writer: Any, gw_dataset: GatewayData, readonly: GatewayData) -> None:
+    bkt, src = gw_dataset.bucket, "data/000/f000002.bin"
+    body = gw_dataset.files[src]
+    got = writer.copy_object(Bucket=bkt, Key="data/copies/a.bin", CopySource={"Bucket": bkt, "Key": src})  # fmt: skip
+    etag = got["CopyObjectResult"]["ETag"]
+    assert writer.get_object(Bucket=bkt, Key="data/copies/a.bin")["Body"].read() == body
+    assert writer.head_object(Bucket=bkt, Key="data/copies/a.bin")["ETag"] == etag
+    # the copy is in under storage too, not only in the cache
+    store = s3_client(gw_dataset.moto.endpoint)  # the mount "data" is the bucket's root
+    assert store.get_object(Bucket=bkt, Key="copies/a.bin")["Body"].read() == body
+    # from a dataset the caller may only read, into a writable one
+    writer.copy_object(Bucket=bkt, Key="data/copies/ro.bin", CopySource=f"{readonly.bucket}/data/a.bin")  # fmt: skip
+    assert writer.get_object(Bucket=bkt, Key="data/copies/ro.bin")["Body"].read() == b"ro"
+    # conditions on the source
+    src_etag = writer.head_object(Bucket=bkt, Key=src)["ETag"]
+    writer.copy_object(Bucket=bkt, Key="data/copies/b.bin", CopySource={"Bucket": bkt, "Key": src}, CopySourceIfMatch=src_etag)  # fmt: skip
+    same = {"Bucket": bkt, "Key": src}
+    refusals = [
+        ((412, "PreconditionFailed"), {"Key": "data/copies/c.bin", "CopySource": same, "CopySourceIfMatch": '"nope"'}),
+        ((412, "PreconditionFailed"), {"Key": "data/copies/c.bin", "CopySource": same, "CopySourceIfNoneMatch": src_etag}),
+        ((404, "NoSuchKey"), {"Key": "data/copies/c.bin", "CopySource": {"Bucket": bkt, "Key": "data/none.bin"}}),
+        ((400, "InvalidRequest"), {"Key": src, "CopySource": same}),  # onto itself
+        ((403, "AccessDenied"), {"Bucket": readonly.bucket, "Key": "data/x.bin", "CopySource": same}),
+    ]  # fmt: skip
+    for want, kwargs in refusals:
+        with pytest.raises(ClientError) as e:
+            writer.copy_object(**{"Bucket": bkt, **kwargs})
+        assert code_of(e.value) == want, kwargs
+    with pytest.raises(ClientError) as e:
+        writer.head_object(Bucket=bkt, Key="data/copies/c.bin")
+    assert code_of(e.value)[0] == 404
+    # onto itself with new metadata is allowed (S3's way to "touch" an object)
+    writer.copy_object(Bucket=bkt, Key="data/copies/a.bin", CopySource={"Bucket": bkt, "Key": "data/copies/a.bin"}, MetadataDirective="REPLACE")  # fmt: skip
+    assert writer.get_object(Bucket=bkt, Key="data/copies/a.bin")["Body"].read() == body
+
+
+def test_delete_objects_in_one_sync(writer: Any, gw_dataset: GatewayData) -> None:
+    bkt = gw_dataset.bucket
+    keys = [f"data/batch/k{i}.bin" for i in range(5)]
+    for k in keys:
+        writer.put_object(Bucket=bkt, Key=k, Body=k.encode())
+        assert writer.get_object(Bucket=bkt, Key=k)["Body"].read() == k.encode()  # cached
+    before = _sync_jobs(gw_dataset)
+    objects = [{"Key": k} for k in [*keys, "data/batch/never-there.bin", "data/../x.bin"]]
+    r = writer.delete_objects(Bucket=bkt, Delete={"Objects": objects})
+    assert sorted(d["Key"] for d in r["Deleted"]) == sorted([*keys, "data/batch/never-there.bin"])
+    assert [(e["Key"], e["Code"]) for e in r.get("Errors", [])] == [("data/../x.bin", "NoSuchKey")]  # fmt: skip
+    assert _sync_jobs(gw_dataset) == before + 1  # one sync job for the whole batch
+    for k in keys:
+        with pytest.raises(ClientError) as e:
+            writer.get_object(Bucket=bkt, Key=k)
+        assert code_of(e.value) == (404, "NoSuchKey")
+    assert "Contents" not in writer.list_objects_v2(Bucket=bkt, Prefix="data/batch/")
+    # Quiet: only the errors come back
+    writer.put_object(Bucket=bkt, Key="data/batch/q.bin", Body=b"q")
+    r = writer.delete_objects(Bucket=bkt, Delete={"Objects": [{"Key": "data/batch/q.bin"}], "Quiet": True})  # fmt: skip
+    assert "Deleted" not in r and "Errors" not in r
+    with pytest.raises(ClientError) as e:
+        writer.head_object(Bucket=bkt, Key="data/batch/q.bin")
+    assert code_of(e.value)[0] == 404
+
+
+def test_delete_objects_refusals(writer: Any, readonly: GatewayData, gw: Gateway) -> None:
+    with pytest.raises(ClientError) as e:
+        writer.delete_objects(Bucket=readonly.bucket, Delete={"Objects": [{"Key": "data/a.bin"}]})
+    assert code_of(e.value) == (403, "AccessDenied")
+    assert writer.get_object(Bucket=readonly.bucket, Key="data/a.bin")["Body"].read() == b"ro"
+    too_many = [{"Key": f"data/k{i}"} for i in range(1001)]
+    with pytest.raises(ClientError) as e:
+        writer.delete_objects(Bucket=readonly.bucket, Delete={"Objects": too_many})
+    assert code_of(e.value)[0] in (400, 403)

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.core.jobs import FINAL
 from shoal.core.types import FileInfo, Mount, split_path
-from shoal.errors import InvalidArgument, IsADirectory, NotFound, StoreError, Unavailable
+from shoal.errors import (
+    InvalidArgument,
+    IsADirectory,
+    NotFound,
+    ShoalError,
+    StoreError,
+    Unavailable,
+)
 from shoal.ufs.fsspec_driver import FsspecStore
 from shoal.ufs.registry import open_store
 
@@ -42,6 +49,8 @@ log = logging.getLogger("shoal.client.writes")
 
 #: seconds a write waits for its sync job before it is reported as failed
 SYNC_TIMEOUT = 120.0
+#: deletes of one DeleteObjects request in flight at once
+DELETE_CONCURRENCY = 16
 _POLL_FIRST, _POLL_MAX = 0.01, 0.25
 
 
@@ -79,7 +88,7 @@ class Writer:
         t0 = time.monotonic()
         await store._fs_call(rel, "put_file", local, store._full(rel))
         self.last_upload_s = time.monotonic() - t0
-        info = await self._publish(ds, key, path)
+        info = await self._publish(ds, [key], path)
         log.debug(
             "wrote /%s/%s: upload %.3fs, sync %.3fs", ds, key, self.last_upload_s, self.last_sync_s
         )
@@ -88,24 +97,56 @@ class Writer:
     async def delete(self, path: str) -> None:
         """Remove ``path`` from under storage (a missing one is not an error)."""
         ds, key, store = await self._store(path)
+        await self._remove(store, key)
+        await self._publish(ds, [key])
+
+    async def delete_many(self, paths: list[str]) -> dict[str, ShoalError | None]:
+        """Remove several paths of one dataset from under storage (missing ones are not
+        errors), then make it visible with one sync job for all of them. Each path's
+        outcome: None (gone) or the error that kept it. The paths go out
+        :data:`DELETE_CONCURRENCY` at a time."""
+        out: dict[str, ShoalError | None] = {}
+        gone: dict[str, list[str]] = {}
+        slots = asyncio.Semaphore(DELETE_CONCURRENCY)
+
+        async def one(path: str) -> None:
+            async with slots:
+                try:
+                    ds, key, store = await self._store(path)
+                    await self._remove(store, key)
+                except ShoalError as exc:
+                    out[path] = exc
+                else:
+                    out[path] = None
+                    gone.setdefault(ds, []).append(key)
+
+        await asyncio.gather(*(one(p) for p in dict.fromkeys(paths)))
+        for ds, keys in gone.items():
+            await self._publish(ds, keys)
+        return out
+
+    @staticmethod
+    async def _remove(store: FsspecStore, key: str) -> None:
         rel = key.partition("/")[2]
         try:
             await store._fs_call(rel, "rm_file", store._full(rel))
         except NotFound:
             pass
-        await self._publish(ds, key, None)
 
-    async def _publish(self, ds: str, key: str, path: str | None) -> FileInfo:
+    async def _publish(self, ds: str, keys: list[str], path: str | None = None) -> FileInfo:
+        """Sync exactly ``keys`` and forget them here; the new FileInfo of ``path`` (the
+        one key written), or an empty one after deletes."""
         t0 = time.monotonic()
-        view = await self.client.submit_job({"kind": "sync", "dataset": ds, "files": [key]})
-        # after a delete the one file is "missing" in under storage: the job counts it
-        # as failed, yet it has dropped it from the manifest and the workers
+        view = await self.client.submit_job({"kind": "sync", "dataset": ds, "files": keys})
+        # after a delete the file is "missing" in under storage: the job counts it as
+        # failed, yet it has dropped it from the manifest and the workers
         await self._wait(str(view["id"]), view, gone_ok=path is None)
-        self.client.cache.forget(ds, key)
+        for key in keys:
+            self.client.cache.forget(ds, key)
         await self.client.dataset(ds, refresh=True)
         self.last_sync_s = time.monotonic() - t0
         if path is None:
-            return FileInfo(key, 0, "")
+            return FileInfo(keys[0] if keys else "", 0, "")
         return await self.client.stat(path)
 
     async def _wait(self, job_id: str, view: dict[str, Any], gone_ok: bool) -> None:

@@ -12,8 +12,9 @@ query: :mod:`shoal.gateway.sigv4`), maps the caller to a shoal identity
 - bucket: HeadBucket, ListObjects v1/v2, GetBucketLocation, ListMultipartUploads,
   harmless answers to ?acl ?policy ?cors ?versioning and the other probes
 - object: HeadObject, GetObject (:mod:`shoal.gateway.s3_objects`); PutObject,
-  multipart upload, DeleteObject (:mod:`shoal.gateway.s3_writes`), only for datasets
-  the gateway was told are writable, and only for identities that may write them
+  multipart upload, DeleteObject (:mod:`shoal.gateway.s3_writes`), CopyObject and
+  DeleteObjects (:mod:`shoal.gateway.s3_copy`), only for datasets the gateway was told
+  are writable, and only for identities that may write them
 
 Errors are S3 XML (:mod:`shoal.gateway.s3_xml`); ``GET /metrics`` without a signature
 is the Prometheus text of this gateway (a signed request there is a bucket listing).
@@ -35,7 +36,7 @@ from aiohttp import web
 from shoal.client.aio import AsyncClient
 from shoal.client.writes import Writer
 from shoal.errors import PathOutsideDataset, ShoalError
-from shoal.gateway import s3_buckets, s3_objects, s3_writes
+from shoal.gateway import s3_buckets, s3_copy, s3_objects, s3_writes
 from shoal.gateway.auth import Credentials, Identity
 from shoal.gateway.metrics import GatewayMetrics
 from shoal.gateway.s3_listing import IndexCache
@@ -203,6 +204,8 @@ class S3Gateway:
                 return await s3_buckets.list_buckets(self, ctx)
             raise S3Error("MethodNotAllowed", "only GET is allowed on the service", 405)
         if not ctx.key:
+            if m == "POST" and "delete" in q:
+                return await s3_copy.delete_objects(self, ctx)
             return await s3_buckets.bucket_op(self, ctx)
         if m in ("GET", "HEAD"):
             if "uploadId" in q and m == "GET":
@@ -213,6 +216,8 @@ class S3Gateway:
         if m == "PUT":
             if "uploadId" in q or "partNumber" in q:
                 return await s3_writes.upload_part(self, ctx)
+            if "x-amz-copy-source" in ctx.request.headers:
+                return await s3_copy.copy_object(self, ctx)
             return await s3_writes.put_object(self, ctx)
         if m == "POST":
             if "uploads" in q:
@@ -229,7 +234,11 @@ class S3Gateway:
     # -- permissions ------------------------------------------------------------------
 
     def check_read(self, ctx: Ctx, listing: bool = False) -> None:
-        ds, who = ctx.bucket, ctx.identity
+        self.check_read_of(ctx, ctx.bucket, listing)
+
+    def check_read_of(self, ctx: Ctx, ds: str, listing: bool = False) -> None:
+        """Whether the caller of ``ctx`` may read (or list) dataset ``ds``."""
+        who = ctx.identity
         if self.credentials.is_public(ds):
             return
         ok = who.can_list(ds) if listing else who.can_read(ds)

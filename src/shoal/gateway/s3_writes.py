@@ -1,6 +1,7 @@
 """Writes through the S3 gateway, for checkpoints: PutObject (plain, aws-chunked
 signed or STREAMING-UNSIGNED-PAYLOAD-TRAILER), multipart upload (create, upload
-part, complete, abort, list parts, list uploads) and DeleteObject.
+part, complete, abort, list parts, list uploads) and DeleteObject (CopyObject and
+DeleteObjects: :mod:`shoal.gateway.s3_copy`).
 
 A body is spooled to a local file while it arrives (decoded from aws-chunked, its
 declared SHA-256 / Content-MD5 checked), then written through to the dataset's under
@@ -157,8 +158,6 @@ async def receive_body(ctx: Ctx, dest: Path, limit: int) -> tuple[str, int]:
 async def put_object(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
     ctx.op = "PutObject"
     gw.check_write(ctx)
-    if "x-amz-copy-source" in ctx.request.headers:
-        raise S3Error("NotImplemented", "CopyObject is not supported", 501)
     spool = gw.uploads.spool_file()
     try:
         _, size = await receive_body(ctx, spool, MAX_PUT)
@@ -186,7 +185,7 @@ async def create_upload(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
     await gw.client.dataset(ctx.bucket)
     up = gw.uploads.create(ctx.bucket, ctx.key, ctx.identity.name)
     body = els([("Bucket", ctx.bucket), ("Key", ctx.key), ("UploadId", up.id)])
-    return _xml(doc("InitiateMultipartUploadResult", body))
+    return xml_response(doc("InitiateMultipartUploadResult", body))
 
 
 def _part_number(ctx: Ctx) -> int:
@@ -254,14 +253,14 @@ async def list_parts(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
             )
             + "</Part>"
         )
-    return _xml(doc("ListPartsResult", body))
+    return xml_response(doc("ListPartsResult", body))
 
 
 async def complete_upload(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
     ctx.op = "CompleteMultipartUpload"
     gw.check_write(ctx)
     up = gw.uploads.get(ctx)
-    raw = await _small_body(ctx, MAX_COMPLETE_BODY)
+    raw = await small_body(ctx, MAX_COMPLETE_BODY)
     wanted = parse_complete(raw)
     numbers = [n for n, _ in wanted]
     if numbers != sorted(set(numbers)):
@@ -284,7 +283,7 @@ async def complete_upload(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
             ("ETag", etag_of(info.version)),
         ]
     )
-    return _xml(doc("CompleteMultipartUploadResult", body))
+    return xml_response(doc("CompleteMultipartUploadResult", body))
 
 
 async def abort_upload(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
@@ -311,7 +310,7 @@ def _copy(src: int, dst: int, n: int) -> None:
         left -= k
 
 
-async def _small_body(ctx: Ctx, limit: int) -> bytes:
+async def small_body(ctx: Ctx, limit: int) -> bytes:
     n = ctx.request.content_length
     if n is not None and n > limit:
         raise S3Error("EntityTooLarge", f"the body is larger than {limit} bytes", 400)
@@ -326,5 +325,5 @@ async def _small_body(ctx: Ctx, limit: int) -> bytes:
     return bytes(out)
 
 
-def _xml(body: bytes) -> web.Response:
+def xml_response(body: bytes) -> web.Response:
     return web.Response(body=body, content_type="application/xml")
