@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shoal.bench import parquet
+from shoal.bench import latency, parquet
 from shoal.bench.stats import Result, ratio
 from shoal.bench.suite import Report, targets
 
@@ -88,6 +88,7 @@ def to_json(rep: Report) -> dict[str, Any]:
         ],
         "parquet": rep.extra.get("parquet"),
         "gateway_cpu": rep.extra.get("gateway"),
+        "latency": [x.to_dict() for x in rep.extra.get("latency", [])],
     }
 
 
@@ -140,6 +141,7 @@ def markdown(rep: Report, charts: list[str]) -> str:
             )
         lines.append("")
     lines += parquet.markdown(rep)
+    lines += latency.markdown(rep.extra.get("latency", []))
     lines += ["## Shoal against each peer", "",
               "Each cell: shoal's rate / the peer's rate on the same workload.", ""]  # fmt: skip
     for wl, rows in rat["to_peers"].items():
@@ -205,6 +207,9 @@ def charts(rep: Report, outdir: Path, rel_to: Path) -> list[str]:
         fig.savefig(p, dpi=90)
         plt.close(fig)
         made.append(str(p.relative_to(rel_to)) if p.is_relative_to(rel_to) else str(p))
+    cdf = latency.chart(rep.extra.get("latency", []), outdir)
+    if cdf is not None:
+        made.append(str(cdf.relative_to(rel_to)) if cdf.is_relative_to(rel_to) else str(cdf))
     return made
 
 

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from shoal.bench import runner
+from shoal.bench import latency, runner
 from shoal.bench.contenders import REGISTRY, BenchEnv, Boto3, Contender
 from shoal.bench.gatewayrun import gateway_targets
 from shoal.bench.netshape import DelayProxy, Link, measure_link
@@ -49,6 +49,8 @@ class Config:
     train_batch: int = 32
     train_step_ms: float = 10.0
     meta_stats: int = 2_000
+    #: single 100 KB reads timed one by one per contender and pass (bench/latency.py)
+    latency_reads: int = 2_000
     #: the parquet workload's file (bytes; its row groups: see bench/parquet.py)
     parquet_size: int = 160_000_000
     #: seconds after which a warm pass stops and is rated on what it read (the slowest
@@ -65,7 +67,7 @@ class Config:
             base = dict(
                 quick=True, store="moto", small_files=2_000, mix_files=150,
                 large_size=32 << 20, procs=2, warm_reps=3, cold_reps=1,
-                train_samples=1_000, meta_stats=500, cap_s=5.0, cold_cap_s=10.0,
+                train_samples=1_000, meta_stats=500, latency_reads=300, cap_s=5.0, cold_cap_s=10.0,
                 parquet_size=24_000_000,
             )  # fmt: skip
             base.update(kw)
@@ -325,6 +327,8 @@ class Suite:
                     self.report.add(f"meta stat {phase}", c.name, res[1])
                     self.say(f"  meta {phase:5} {c.name:20} ls {res[0].files / res[0].seconds:9,.0f} entries/s"
                              f"  stat {res[1].files / res[1].seconds:9,.0f}/s")  # fmt: skip
+        if self._want("latency"):
+            latency.run(self, c, small)
         if self._want("parquet") and "parquet" in self.report.extra:
             self.run_parquet(c)
 
@@ -461,7 +465,7 @@ class Suite:
                     self.run_gateway()
                     self.shoal_cold()  # what follows starts from an empty cache, as before
             # the per-contender workloads; none asked for: no contender's set-up
-            per_contender = ("small", "mix", "large", "meta", "parquet")
+            per_contender = ("small", "mix", "large", "meta", "latency", "parquet")
             for c in cs if any(self._want(w) for w in per_contender) else []:
                 with self.section(c.name):
                     try:
