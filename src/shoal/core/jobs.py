@@ -178,16 +178,19 @@ def plan(
     batch_files = batch_files or BATCH_FILES
     batch_bytes = batch_bytes or BATCH_BYTES
     per: dict[str, list[list[Item]]] = {}
+    #: bytes in each worker's last batch (summing the batch per item was quadratic)
+    held: dict[str, int] = {}
     for item in items:
+        size = int(item[1])
         for w in owners_for(item[0], dataset, ring, replicas, local):
             batches = per.setdefault(w, [[]])
             cur = batches[-1]
-            if cur and (
-                len(cur) >= batch_files or sum(int(i[1]) for i in cur) + int(item[1]) > batch_bytes
-            ):
+            if cur and (len(cur) >= batch_files or held[w] + size > batch_bytes):
                 cur = []
                 batches.append(cur)
+                held[w] = 0
             cur.append(item)
+            held[w] = held.get(w, 0) + size
     return [(w, b) for w, batches in sorted(per.items()) for b in batches if b]
 
 

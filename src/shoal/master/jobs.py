@@ -36,7 +36,7 @@ from shoal.master.jobshares import (
     job_replicas,
     placed_locally,
 )
-from shoal.master.jobstate import Job, JobState, Schedule
+from shoal.master.jobstate import Job, JobState, Schedule, Task
 from shoal.master.jobviews import job_progress, job_view, schedule_view
 from shoal.master.watchers import Watchers
 
@@ -364,14 +364,17 @@ class JobManager(WorkerShares):
         changed = False
         #: (lost worker, job) -> files moved, and to whom: one log line each
         moved: dict[tuple[str, str], tuple[int, set[str]]] = {}
-        for t in self.state.tasks("WHERE state IN (?, ?)", (J.T_PENDING, J.T_RUNNING)):
+        # without their item lists: only a lost worker's tasks need them (below)
+        pending = (J.T_PENDING, J.T_RUNNING)
+        for t in self.state.tasks("WHERE state IN (?, ?)", pending, with_items=False):
             if t.worker in live:
                 if t.state == J.T_RUNNING and t.lease < now:
-                    self._lease_missed(t)
+                    self._lease_missed(self._whole(t))
                     changed = True
                 continue
             if not live:
                 continue
+            t = self._whole(t)
             changed = True
             n, to = moved.get((t.worker, t.job), (0, set()))
             moved[(t.worker, t.job)] = (n + len(t.items), to | self._reassign(t, ring))
@@ -382,6 +385,14 @@ class JobManager(WorkerShares):
         self._run_schedules(now)
         if changed:
             self.on_tasks()
+
+    def _whole(self, t: Task) -> Task:
+        """``t`` read again with its items (a task is written back whole: one read
+        without them must never be put)."""
+        full = self.state.task(t.id)
+        if full is None:
+            raise NotFound(f"task {t.id} is gone")
+        return full
 
     # -- watchers -------------------------------------------------------------------
 

@@ -99,6 +99,10 @@ class Schedule:
     created: float
 
 
+#: the items of a task read with ``with_items=False`` (never written back: put_task)
+NO_ITEMS: list[Any] = []
+
+
 class JobState:
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, exist_ok=True)
@@ -183,9 +187,16 @@ class JobState:
             )
             self._db.execute("COMMIT")
 
-    def tasks(self, where: str = "", args: tuple[Any, ...] = ()) -> list[Task]:
+    def tasks(
+        self, where: str = "", args: tuple[Any, ...] = (), with_items: bool = True
+    ) -> list[Task]:
+        """Tasks matching ``where``. ``with_items=False`` leaves their item lists empty:
+        counting a job's progress needs only the counts, and decoding every task's list
+        of files on every job view made the master the bottleneck of a load of many
+        small files (measured: 54% of the master's time at 20k files)."""
+        items = "items" if with_items else "NULL"
         rows = self._x(
-            "SELECT id, job, worker, kind, items, state, progress, lease, attempt, seq, run"
+            f"SELECT id, job, worker, kind, {items}, state, progress, lease, attempt, seq, run"
             f" FROM tasks {where}",
             args,
         ).fetchall()
@@ -195,7 +206,7 @@ class JobState:
                 r[1],
                 r[2],
                 r[3],
-                json.loads(r[4]),
+                NO_ITEMS if r[4] is None else json.loads(r[4]),
                 r[5],
                 Progress.from_dict(json.loads(r[6])),
                 r[7],
@@ -211,6 +222,8 @@ class JobState:
         return found[0] if found else None
 
     def put_task(self, t: Task) -> None:
+        if t.items is NO_ITEMS:
+            raise ValueError(f"task {t.id} was read without its items: it cannot be written")
         self._x(
             "UPDATE tasks SET worker=?, items=?, state=?, progress=?, lease=?, attempt=?, seq=?,"
             " run=? WHERE id=?",

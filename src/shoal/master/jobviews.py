@@ -17,7 +17,9 @@ def job_progress(state: JobState, job: Job) -> Progress:
     total = Progress()
     # handback tasks are left out: they re-copy files the job has counted once already
     for t in state.tasks(
-        "WHERE job = ? AND kind IN (?, ?, ?)", (job.id, J.T_LOAD, J.T_FREE, J.T_INVALIDATE)
+        "WHERE job = ? AND kind IN (?, ?, ?)",
+        (job.id, J.T_LOAD, J.T_FREE, J.T_INVALIDATE),
+        with_items=False,
     ):
         total.add(J.counted(t.machine()))
     total.files_total = int(job.listed.get("files_total", 0))
