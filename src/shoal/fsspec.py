@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import fsspec
-from fsspec.asyn import AsyncFileSystem, get_loop
+from fsspec.asyn import AsyncFileSystem, get_loop, sync
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import make_instance
 
@@ -48,7 +48,15 @@ from shoal.client.cache import ClientCache
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import FileInfo, split_path
 from shoal.errors import ShoalError
-from shoal.fsspec_file import ClientConn, ShoalFile
+from shoal.fsspec_file import (
+    ClientConn,
+    ShoalFile,
+    read_here,
+    read_only,
+    refuse,
+    refuse_async,
+    stat_here,
+)
 from shoal.fsspec_unmounted import Underlying, UnmountedStats
 from shoal.readahead import PatternCache
 
@@ -60,29 +68,6 @@ DEFAULT_BLOCK = 4 << 20
 DEFAULT_CACHE = PatternCache.name
 #: a byte range of a file at most this big is served from a batched whole-file read
 SMALL_FILE = 1 << 20
-
-
-def read_only(path: str) -> PermissionError:
-    return PermissionError(
-        errno.EROFS,
-        "shoal is a read-only cache: write to the under storage the dataset mounts "
-        "(the cache picks changes up on its next sync or revalidation)",
-        path,
-    )
-
-
-def _refuse_async(target: int) -> Any:
-    async def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise read_only(str(args[target]))
-
-    return refuse
-
-
-def _refuse(target: int) -> Any:
-    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise read_only(str(args[target]))
-
-    return refuse
 
 
 def _strip_uri(uri: str) -> str:
@@ -281,6 +266,15 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         except ShoalError as exc:
             raise exc.to_oserror(path) from exc
 
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        """fsspec's ``info``: from the client's metadata cache or the dataset's manifest
+        on the caller's thread when they hold the path (no hop to fsspec's loop thread,
+        which costs more than the lookup), else asked (``_info``). ``open`` starts here."""
+        hit = stat_here(self, path)
+        if hit is not None:
+            return self._entry(hit)
+        return sync(self.loop, self._info, path, **kwargs)
+
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         p = self._strip_protocol(path)
         try:
@@ -339,6 +333,19 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
         return await self._read(path, start, end)
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        """fsspec's ``cat_file``: pages already located on the local worker are read on
+        the caller's thread (``pread`` and checksum, the client's fast path); the rest
+        through fsspec's loop (``_cat_file``)."""
+        if (start or 0) >= 0 and (end is None or end >= 0):
+            off = start or 0
+            data = read_here(self, path, off, -1 if end is None else max(0, end - off))
+            if data is not None:
+                return data
+        return sync(self.loop, self._cat_file, path, start=start, end=end, **kwargs)
 
     async def _cat_many(self, paths: Iterable[str]) -> dict[str, bytes | OSError]:
         """Whole files by this filesystem's paths: one request per worker."""
@@ -470,10 +477,10 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
 
     # -- writes: refused (the sync forms are derived from these) ----------------------
 
-    _pipe_file = _rm_file = _rm = _mkdir = _makedirs = _refuse_async(0)
-    _put_file = _cp_file = _refuse_async(1)
-    rmdir = touch = _refuse(0)
-    mv = _refuse(1)
+    _pipe_file = _rm_file = _rm = _mkdir = _makedirs = refuse_async(0)
+    _put_file = _cp_file = refuse_async(1)
+    rmdir = touch = refuse(0)
+    mv = refuse(1)
 
     def created(self, path: str) -> Any:
         raise NotImplementedError("shoal does not know creation times; see modified()")

@@ -1,27 +1,58 @@
-"""The parts of ``shoal://`` beside the filesystem: the open file (its reads take the
-client's fast path on the caller's thread first) and the AsyncClient of one (process,
-event loop), kept apart from the filesystem so that a finalizer can close it without
-keeping the filesystem alive."""
+"""The parts of ``shoal://`` beside the filesystem: the fast paths on the caller's
+thread (reads of pages located on the local worker, stats from the metadata cache and
+manifest: no hop to fsspec's loop thread), the open file (its reads take them first),
+the refusal of writes, and the AsyncClient of one (process, event loop), kept apart
+from the filesystem so that a finalizer can close it without keeping the filesystem
+alive."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 from fsspec.asyn import sync
 from fsspec.spec import AbstractBufferedFile
 
 from shoal.client import AsyncClient
 from shoal.client.cache import ClientCache
-from shoal.client.local import read_path
+from shoal.client.local import TOUCH_FLUSH, read_path, stat_path
 from shoal.config import ClientSettings
+from shoal.core.types import FileInfo
 
 if TYPE_CHECKING:
     from shoal.fsspec import ShoalFileSystem
 
 log = logging.getLogger("shoal.fsspec")
+
+#: seconds between flushes of hits started from the caller's thread
+FLUSH_GAP = 0.1
+
+
+def read_only(path: str) -> PermissionError:
+    return PermissionError(
+        errno.EROFS,
+        "shoal is a read-only cache: write to the under storage the dataset mounts "
+        "(the cache picks changes up on its next sync or revalidation)",
+        path,
+    )
+
+
+def refuse_async(target: int) -> Any:
+    async def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise read_only(str(args[target]))
+
+    return refuse
+
+
+def refuse(target: int) -> Any:
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise read_only(str(args[target]))
+
+    return refuse
 
 
 class ClientConn:
@@ -73,15 +104,41 @@ class ShoalFile(AbstractBufferedFile):
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         fs = self.fs
-        data = _read_here(fs, self.path, start, end - start)
+        data = read_here(fs, self.path, start, end - start)
         if data is not None:
             return data
         data = sync(fs.loop, fs._read, self.path, start, end)
         return bytes(data)
 
 
-def _read_here(fs: ShoalFileSystem, path: str, offset: int, length: int) -> bytes | None:
-    """A read from pages already located on the local worker, on the caller's thread."""
+def read_here(fs: ShoalFileSystem, path: str, offset: int, length: int) -> bytes | None:
+    """A read from pages already located on the local worker, on the caller's thread
+    (the client's fast path: no hop to fsspec's loop thread); None: ask the loop."""
     if fs.target_protocol is not None:
         return None
-    return read_path(fs.client_cache, "/" + fs._strip_protocol(path), offset, length)
+    p = fs._strip_protocol(path)
+    c = fs.client_cache
+    data = read_path(c, "/" + p, offset, length) if p else None
+    if data is not None and len(c.touch_log) >= TOUCH_FLUSH:
+        _flush(fs)
+    return data
+
+
+def stat_here(fs: ShoalFileSystem, path: str) -> FileInfo | None:
+    """A stat from the client's metadata cache or manifest, on the caller's thread."""
+    if fs.target_protocol is not None:
+        return None
+    p = fs._strip_protocol(path)
+    return stat_path(fs.client_cache, "/" + p) if p else None
+
+
+def _flush(fs: ShoalFileSystem) -> None:
+    """Hits served on the caller's thread go to their workers with the client's ticker
+    (every TOUCH_EVERY seconds); when many piled up before it ran, flush on the loop now."""
+    conn, c = fs._conn, fs.client_cache
+    aio, loop, now = conn.aio, conn.loop, time.monotonic()
+    if now - c.touched_at < FLUSH_GAP:
+        return  # one on its way already
+    if aio is not None and loop is not None and loop.is_running() and conn.pid == os.getpid():
+        c.touched_at = now
+        asyncio.run_coroutine_threadsafe(aio.flush_touches(), loop)

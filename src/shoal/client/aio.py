@@ -16,6 +16,7 @@ reads that tie them together and the counted fallback to under storage.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -26,7 +27,7 @@ import xxhash
 
 from shoal.client import batch
 from shoal.client.cache import ClientCache, WorkerAddr
-from shoal.client.local import read_located
+from shoal.client.local import read_located, stat_path
 from shoal.client.routing import FAILOVER_LOG_EVERY, RING_RECHECK_EVERY, SUSPECT_FOR
 from shoal.client.shortcircuit import DATASET_LOCATE_AFTER, LOCATE_AHEAD, ShortCircuit
 from shoal.config import ClientSettings
@@ -53,6 +54,8 @@ class AsyncClient(ShortCircuit):
     def __init__(self, settings: ClientSettings, cache: ClientCache | None = None) -> None:
         super().__init__(settings, cache)
         self._ufs: dict[tuple[str, str], UnderStore] = {}
+        #: directories being listed for stats that missed (see _stat_by_listing)
+        self._listing: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     # -- metadata -------------------------------------------------------------------
 
@@ -63,7 +66,7 @@ class AsyncClient(ShortCircuit):
         if not np.rel:
             ds.mount(np.mount)
             return FileInfo(str(np), 0, "", 0.0, True)
-        info = self.cache.info(ds, np.key_path)
+        info = _complete(self.cache.info(ds, np.key_path))
         man = await self.manifest(ds) if info is None else None
         if man is not None:
             e = man.get(np.key_path)
@@ -72,12 +75,52 @@ class AsyncClient(ShortCircuit):
                 self.cache.remember(ds.name, info)
             elif man.is_dir(np.key_path):
                 return FileInfo(str(np), 0, "", 0.0, True)
+        if info is None and man is None:
+            info = await self._stat_by_listing(ds, np)
         if info is None:
             req = StatRequest(ds.name, np.key_path, ds.generation)
             info = (await self._with_failover(ds, np, req)).reply.info
             if not info.is_dir:
                 self.cache.remember(ds.name, info)
         return FileInfo(str(np), info.size, info.version, info.mtime, info.is_dir)
+
+    def stat_fast(self, path: str) -> FileInfo | None:
+        """The zero-round-trip stat: what :meth:`stat` would answer from this process's
+        metadata cache or the dataset's manifest, on any thread; else None (then
+        ``await stat(...)``). See :func:`shoal.client.local.stat_path`."""
+        return stat_path(self.cache, path)
+
+    async def _stat_by_listing(self, ds: Dataset, np: NsPath) -> FileInfo | None:
+        """A stat that missed: when others missed in the same directory before, list it
+        once (one round trip for every file in it, single-flight across concurrent
+        stats) and answer from that; None when the directory is not listed now or the
+        file is not in it (then it is a stat)."""
+        directory = np.key_path.rpartition("/")[0]
+        if not self.cache.list_due(ds, directory):
+            return None
+        key = (ds.name, directory)
+        task = self._listing.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._list_for_stats(ds, directory))
+            self._listing[key] = task
+            task.add_done_callback(lambda _: self._listing.pop(key, None))
+        await asyncio.shield(task)
+        return _complete(self.cache.info(ds, np.key_path))
+
+    async def _list_for_stats(self, ds: Dataset, directory: str) -> None:
+        self.cache.dirs_listed[(ds.name, directory)] = time.monotonic()
+        np = split_path(f"/{ds.name}/{directory}")
+        try:
+            resp = await self._with_failover(ds, np, ListRequest(ds.name, directory, ds.generation))
+        except ShoalError as exc:  # the stat asks for itself
+            log.debug("listing /%s/%s for stats failed: %s", ds.name, directory, exc)
+            return
+        now = self.cache.datasets.get(ds.name)
+        if now is None or now[0].generation != ds.generation:
+            return  # a sync or policy change meanwhile: what it listed may be stale
+        for e in resp.reply.entries:
+            if not e.is_dir:
+                self.cache.remember(ds.name, e)
 
     async def ls(self, path: str) -> list[FileInfo]:
         if split_path_or_root(path) is None:
@@ -346,6 +389,12 @@ def split_path_or_root(path: str) -> NsPath | None:
     if p.strip("/") == "":
         return None
     return split_path(path)
+
+
+def _complete(info: FileInfo | None) -> FileInfo | None:
+    """Cached metadata a stat can answer with: not what LOCATE_DIR taught (a located
+    small file's size and version, without its mtime)."""
+    return info if info is not None and (info.mtime_ns or info.mtime) else None
 
 
 def _expected_len(size: int, offset: int, length: int) -> int:

@@ -49,6 +49,16 @@ LocKey = tuple[str, str, str, int]  # dataset, path, version, page index
 
 #: seconds before a client asks a worker again for a directory's cached files
 DIR_RELOCATE = 2.0
+#: a stat that misses the metadata cache in a directory where this many did before
+#: lists the directory instead (one round trip teaches every file in it): a reader that
+#: stats a second file of a directory is taken to be walking it, as rclone's VFS and
+#: the kernel's readdirplus assume, while a lone stat in a huge directory stays a stat
+STAT_LIST_AFTER = 1
+#: seconds before a directory listed for stats is listed again on a miss (a file that
+#: was not in the listing: new, or not a file) when the staleness bound is shorter
+DIR_RELIST = 2.0
+#: directories whose stat misses are counted at most (then the count starts over)
+MAX_STAT_DIRS = 1 << 16
 
 #: bumped in every forked child, so a hot path can notice a fork without a system call
 FORKS = [0]
@@ -112,6 +122,10 @@ class ClientCache:
     dirs_located: dict[tuple[str, str, str | None], float] = field(default_factory=dict)
     #: (worker, dataset) -> how many directories this process asked it to locate
     dir_asks: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (dataset, directory) -> stats that missed the metadata cache there (see
+    #: STAT_LIST_AFTER), and when the directory was last listed to answer them
+    stat_misses: dict[tuple[str, str], int] = field(default_factory=dict)
+    dirs_listed: dict[tuple[str, str], float] = field(default_factory=dict)
     #: located pages this process checked whole for a partial read -> the data file's
     #: ctime then (see shoal.client.local)
     verified: dict[LocKey, int] = field(default_factory=dict)
@@ -141,6 +155,23 @@ class ClientCache:
     def remember(self, ds: str, info: FileInfo) -> None:
         self.meta.put((ds, info.path), (info, time.monotonic()))
 
+    def list_due(self, ds: Dataset, directory: str) -> bool:
+        """Whether a stat that missed in ``directory`` should list it (STAT_LIST_AFTER
+        misses before, not listed within the staleness bound or DIR_RELIST): never for
+        a dataset that revalidates always, whose listings are never reused."""
+        bound = ds.policy.staleness
+        if bound == 0:
+            return False
+        key = (ds.name, directory)
+        misses = self.stat_misses.get(key, 0)
+        if not misses and len(self.stat_misses) >= MAX_STAT_DIRS:
+            self.stat_misses.clear()  # a bound on what this process keeps per directory
+        self.stat_misses[key] = misses + 1
+        if misses < STAT_LIST_AFTER:
+            return False
+        at = self.dirs_listed.get(key)
+        return at is None or time.monotonic() - at > max(DIR_RELIST, bound)
+
     def dir_due(self, key: tuple[str, str, str]) -> bool:
         """Whether to ask a worker for a directory's cached files: never asked, or asked
         over DIR_RELOCATE seconds ago (files cached since then become visible)."""
@@ -160,6 +191,9 @@ class ClientCache:
             self.dirs_located.pop(d, None)
         for a in [a for a in self.dir_asks if a[1] == ds]:
             self.dir_asks.pop(a, None)
+        for table in (self.stat_misses, self.dirs_listed):
+            for k in [k for k in table if k[0] == ds]:
+                table.pop(k, None)
 
     def add_fd(self, key: tuple[int, int], fd: int) -> tuple[int, int]:
         """Keep a handed-over descriptor (closing it if one of that file is held)."""

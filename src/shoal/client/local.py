@@ -24,7 +24,7 @@ import time
 import xxhash
 
 from shoal.client.cache import ClientCache, LocKey, PageLoc
-from shoal.core.types import Dataset
+from shoal.core.types import NEVER, Dataset, FileInfo
 
 #: hits buffered before a flush to the workers is due
 TOUCH_FLUSH = 4096
@@ -123,6 +123,41 @@ def read_path(c: ClientCache, path: str, offset: int = 0, length: int = -1) -> b
     if hit is None or "/" not in key:
         return None
     return read_located(c, hit[0], key, offset, length)
+
+
+def stat_path(c: ClientCache, path: str) -> FileInfo | None:
+    """The stat of a file (or of a directory the manifest knows) by path, from what
+    this process already holds within the dataset's staleness bound -- the metadata
+    cache, then the dataset's manifest -- on the caller's thread; else None (then ask
+    the async client). None too when the dataset definitions are due for a refresh, so
+    that a sync or a policy change is seen in time, as for :func:`read_located`. Like
+    :func:`read_path`, only exact, normalised paths can hit."""
+    p = path[8:] if path.startswith("shoal://") else path
+    name, _, key = p.lstrip("/").partition("/")
+    hit = c.datasets.get(name)
+    if hit is None or "/" not in key or key.endswith("/"):
+        return None
+    now = time.monotonic()
+    if now - c.checked_at > c.refresh_every:
+        return None
+    ds = hit[0]
+    bound = ds.policy.staleness
+    known = c.meta.get((name, key))
+    if known is not None and (bound == NEVER or now - known[1] <= bound):
+        info: FileInfo = known[0]
+        if info.mtime_ns or info.mtime:  # LOCATE_DIR teaches no mtime: ask for it
+            return FileInfo(f"/{name}/{key}", info.size, info.version, info.mtime)
+    man = c.manifests.get(name)
+    if man is None or not ds.manifest or man[0] != ds.manifest:
+        return None
+    if bound != NEVER and time.time() - man[1].built_at > bound:
+        return None
+    e = man[1].get(key)  # a bisection; kept out of ``meta``, written on the loop only
+    if e is not None:
+        return FileInfo(f"/{name}/{key}", e.size, e.version, e.mtime)
+    if man[1].is_dir(key):
+        return FileInfo(f"/{name}/{key}", 0, "", 0.0, True)
+    return None
 
 
 def touches_due(c: ClientCache) -> bool:

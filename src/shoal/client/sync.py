@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from shoal.client.aio import AsyncClient
 from shoal.client.cache import FORKS, ClientCache
-from shoal.client.local import read_path, touches_due
+from shoal.client.local import read_path, stat_path, touches_due
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import Dataset, FileInfo, Mount
 from shoal.errors import ShoalError
@@ -158,6 +158,14 @@ class Client:
         return self._run(self._aio.cat_many(list(paths)))
 
     def stat(self, path: str) -> FileInfo:
+        """A file's or directory's metadata: from this process's metadata cache or the
+        dataset's manifest on the caller's thread when it holds them within the
+        staleness bound (no round trip, no hop to the loop thread), else asked."""
+        if self._gen != FORKS[0]:
+            self._after_fork()
+        info = stat_path(self.cache, path)
+        if info is not None:
+            return info
         return self._run(self._aio.stat(path))
 
     def ls(self, path: str) -> list[FileInfo]:
