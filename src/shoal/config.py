@@ -3,9 +3,9 @@
 Every field has a docstring-style comment; every settings class validates itself where it
 is built (``__post_init__``), so a bad value raises InvalidArgument with a one-line
 message, never an ``assert`` and never later, deep in a server. The environment is read
-in exactly four places: :func:`master_from_env` (``SHOAL_MASTER``), :func:`node_name`
+in exactly these places: :func:`master_from_env` (``SHOAL_MASTER``), :func:`node_name`
 (``SHOAL_NODE``), :func:`shoal_home` (``SHOAL_HOME``), :func:`token_for`
-(``SHOAL_TOKEN``, ``SHOAL_TOKEN_FILE``) and :func:`cluster_secret` (``SHOAL_SECRET``); the CLI maps its flags onto these classes.
+(``SHOAL_TOKEN``, ``SHOAL_TOKEN_FILE``), :func:`tls_ca_for` (``SHOAL_TLS_CA``) and :func:`cluster_secret` (``SHOAL_SECRET``); the CLI maps its flags onto these classes.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ ENV_MASTER = "SHOAL_MASTER"
 ENV_HOME = "SHOAL_HOME"
 ENV_TOKEN = "SHOAL_TOKEN"
 ENV_TOKEN_FILE = "SHOAL_TOKEN_FILE"
+#: the CA file a client checks TLS workers and an https master with
+ENV_TLS_CA = "SHOAL_TLS_CA"
 #: the cluster secret itself (a Kubernetes Secret as an environment variable): the
 #: master checks tokens with it, every other role mints its own admin token from it
 ENV_SECRET = "SHOAL_SECRET"
@@ -121,6 +123,9 @@ class MasterSettings:
     file_roots: tuple[str, ...] = ()
     #: the cluster secret (see shoal.core.tokens); None: the API is open to anyone
     secret_file: str | None = None
+    #: serve the API over https with this certificate and key (PEM files)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         _port("master", self.port)
@@ -150,10 +155,20 @@ class WorkerSettings:
     ufs_concurrency: int = 32
     #: when set, the worker writes "<host>:<port>" here once it listens
     url_file: str | None = None
+    #: the cluster secret its clients' tokens are checked with (else SHOAL_SECRET);
+    #: see :func:`worker_secret` for a worker that has none
+    secret_file: str | None = None
+    #: serve the data path without checking tokens (no secret needed)
+    no_auth: bool = False
+    #: TLS on the TCP port with this certificate and key (PEM; the Unix socket stays plain)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.master:
             raise InvalidArgument("worker: a master URL is required")
+        if self.no_auth and self.secret_file:
+            raise InvalidArgument("worker: pass --secret-file or --no-auth, not both")
         _port("worker", self.port)
         if isinstance(self.ufs_concurrency, bool) or not isinstance(self.ufs_concurrency, int):
             raise InvalidArgument("worker: ufs_concurrency must be an integer")
@@ -182,6 +197,9 @@ class ClientSettings:
     node: str = field(default_factory=node_name)
     #: token for the master's API (None: shoal.config.token_for finds one); never shown
     token: str | None = field(default=None, repr=False)
+    #: the CA (PEM) that workers' TLS certificates (and an https master's) are checked
+    #: with; set, workers are reached over TLS on TCP. None: $SHOAL_TLS_CA, else plain
+    tls_ca: str | None = None
 
     def __post_init__(self) -> None:
         if not self.master:
@@ -202,6 +220,38 @@ def cluster_secret(secret_file: str | None) -> bytes | None:
         return load_secret(secret_file)
     text = os.environ.get(ENV_SECRET, "")
     return secret_from_text(text, f"${ENV_SECRET}") if text.strip() else None
+
+
+def worker_secret(
+    settings: WorkerSettings, has_token: bool, master_auth: bool | None = None
+) -> bytes | None:
+    """The secret a worker checks its clients' tokens with (None: it serves unchecked).
+
+    ``--secret-file``, else ``SHOAL_SECRET``. A worker with neither serves without
+    checks only when started with ``--no-auth``, or in an open cluster: one whose master
+    says it needs no tokens (``master_auth`` False, from its health answer) or, with
+    the master not reachable at start (None), one where the worker holds no token of
+    its own (``has_token``: SHOAL_TOKEN, SHOAL_TOKEN_FILE or credentials.json). In a
+    cluster with auth it refuses to start, with a one-line error."""
+    if settings.no_auth:
+        return None
+    secret = cluster_secret(settings.secret_file)
+    if secret is not None:
+        return secret
+    needs = master_auth if master_auth is not None else has_token
+    if needs:
+        raise InvalidArgument(
+            "worker: this cluster requires tokens, but the worker has no cluster secret "
+            "to check its clients' tokens with: pass --secret-file FILE or set "
+            f"{ENV_SECRET} (or --no-auth to serve the data path unchecked)"
+        )
+    return None
+
+
+def tls_ca_for(explicit: str | None) -> str | None:
+    """The CA file a client trusts: ``explicit`` (ClientSettings.tls_ca), else
+    ``SHOAL_TLS_CA``; None: workers are reached in plain TCP."""
+    return explicit or os.environ.get(ENV_TLS_CA) or None
 
 
 def token_for(master: str) -> str | None:

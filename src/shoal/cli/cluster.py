@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from shoal.cli import master_admin
+from shoal.cli import master_admin, worker_admin
 from shoal.cli.local import LocalCluster, default_dir, down, load_state
 from shoal.cli.output import add_json, emit_json
 from shoal.cli.tokens import forget_credentials, save_credentials
@@ -105,6 +105,10 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="the cluster secret (mode 600): require tokens signed with it (default: open API)",
     )
+    p.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="serve https: certificate (PEM)"
+    )
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="its private key (PEM)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(handler=cmd_master)
     master_admin.register(p)
@@ -132,8 +136,33 @@ def register(sub: Any) -> None:
         help="concurrent under-storage requests (default 32)",
     )
     p.add_argument("--url-file", default=None, help="write host:port here once listening")
+    p.add_argument(
+        "--secret-file",
+        default=None,
+        metavar="FILE",
+        help="the cluster secret (mode 600): clients' tokens are checked with it "
+        "(default $SHOAL_SECRET; a worker of a cluster with auth needs one)",
+    )
+    p.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve the data path without checking tokens (anyone who reaches the ports reads)",
+    )
+    p.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="TLS certificate (PEM) for the TCP port"
+    )
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="its private key (PEM)")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on SIGTERM, first hand the cached files to their next owners, for at most "
+        "SECONDS (default 0: stop at once; a second SIGTERM stops at once too)",
+    )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(handler=cmd_worker)
+    worker_admin.register(p)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -224,6 +253,8 @@ def cmd_master(args: argparse.Namespace) -> int:
             url_file=args.url_file,
             file_roots=tuple(_roots(args.file_root)),
             secret_file=args.secret_file,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
         )
     )
     return 0
@@ -244,6 +275,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if not args.tier:
         raise InvalidArgument("a worker needs at least one --tier NAME:PATH:SIZE")
+    if not args.drain_timeout >= 0:
+        raise InvalidArgument(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout:g}")
     setup_server_logging(args.log_level)
     run_worker(
         WorkerSettings(
@@ -257,6 +290,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
             advertise_host=args.advertise_host,
             ufs_concurrency=args.ufs_concurrency,
             url_file=args.url_file,
-        )
+            secret_file=args.secret_file,
+            no_auth=args.no_auth,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        ),
+        drain_timeout=args.drain_timeout,
     )
     return 0

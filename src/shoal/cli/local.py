@@ -143,6 +143,8 @@ class LocalCluster:
             if name == "master":
                 args = [*args, "--secret-file", str(self.secret_file)]
             elif name.startswith("worker"):
+                # the secret checks its clients' tokens; the token registers it
+                args = [*args, "--secret-file", str(self.secret_file)]
                 env["SHOAL_TOKEN_FILE"] = str(self.worker_token_file)
                 env.pop("SHOAL_TOKEN", None)
             elif name.startswith("gateway"):

@@ -56,6 +56,12 @@ def _byte_share(by_source: dict[str, int]) -> str:
     return f"{(by_source.get('local', 0) + by_source.get('remote', 0)) / total:.1%}"
 
 
+def _moved(m: dict[str, int], way: str) -> str:
+    """Files (bytes) a worker got from previous owners (in) or handed over (out)."""
+    files = m.get(f"files_{way}", 0)
+    return f"{files} ({human_bytes(m.get(f'bytes_{way}', 0))})" if files else "-"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     if args.watch is None:
         if args.count is not None:
@@ -125,7 +131,7 @@ def _once(c: Client, as_json: bool) -> None:
     )
     table(
         "workers",
-        ["id", "address", "node", "state", "used", "capacity", "tiers"],
+        ["id", "address", "node", "state", "used", "capacity", "tiers", "moved in", "moved out"],
         [
             (
                 w["id"],
@@ -138,10 +144,20 @@ def _once(c: Client, as_json: bool) -> None:
                     f"{t['name']}:{human_bytes(t.get('used', 0))}/{human_bytes(t.get('capacity', 0))}"
                     for t in w.get("tiers", [])
                 ),
+                _moved(w.get("moved", {}), "in"),
+                _moved(w.get("moved", {}), "out"),
             )
             for w in r.get("workers", [])
         ],
     )
+    t = r.get("totals", {})
+    if t.get("moved_files") or t.get("handed_over_files"):
+        print(
+            f"moved between workers: {t.get('moved_files', 0)} files "
+            f"({human_bytes(t.get('moved_bytes', 0))}) from previous owners, "
+            f"{t.get('handed_over_files', 0)} files "
+            f"({human_bytes(t.get('handed_over_bytes', 0))}) handed over by drains"
+        )
     live = sum(1 for w in r.get("workers", []) if w.get("state") == "live")
     for name, policy in sorted(policies.items()):
         if policy.replicas > live:

@@ -9,9 +9,11 @@ reuse connections idle that long, and a reused connection found closed before an
 of its answer came is replaced by a fresh one once, transparently (requests are
 idempotent, and one that got no answer was not served).
 
-Every new connection starts with a ``HELLO`` (the protocol version, see
-shoal.proto.wire): a worker of another version is refused with an error naming both
-versions, before any other request is sent on it.
+Every new connection starts with a ``HELLO`` (the protocol version and the client's
+token, see shoal.proto.wire): a worker of another version is refused with an error
+naming both versions, before any other request is sent on it, and a worker that
+refuses the token answers :class:`~shoal.errors.Unauthenticated` (one line saying what
+to pass), raised as is: no other worker or under storage is tried for it.
 
 A request has one deadline (the pool's timeout) for all it does. One that takes longer
 than a thirtieth of it (at least ``PROBE_MIN``: 1 s by default) makes the pool ask the
@@ -31,10 +33,12 @@ import contextlib
 import mmap
 import os
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from shoal.core.tls import WHAT_TO_PASS, TLSRefused, looks_like_tls
 from shoal.errors import ProtocolError, ShoalError, Unavailable
 from shoal.proto import wire
 from shoal.proto.messages import HelloReply, HelloRequest, Request, decode_reply, encode_request
@@ -91,6 +95,9 @@ class Connection:
         self.idle_since = 0.0
         #: the worker's answer to this connection's HELLO
         self.hello: HelloReply | None = None
+        #: TLS over the socket (memory BIOs: the loop's sock_* calls move the records)
+        self.tls: ssl.SSLObject | None = None
+        self._tls_in = self._tls_out = ssl.MemoryBIO()
 
     def _buffer(self, n: int) -> memoryview:
         if n > _MAX_BUF:  # rare huge answers: a one-off buffer, not kept per connection
@@ -104,11 +111,17 @@ class Connection:
 
     @classmethod
     async def open(
-        cls, address: str | tuple[str, int], timeout: float, worker: str = ""
+        cls,
+        address: str | tuple[str, int],
+        timeout: float,
+        worker: str = "",
+        hello: HelloRequest = _HELLO,
+        tls: ssl.SSLContext | None = None,
     ) -> Connection:
-        """A connection that said HELLO to the worker at ``address`` (``worker``: the id
-        it must have, else Unavailable: the address now belongs to another worker, as
-        when a restarted worker's old port is taken by another one)."""
+        """A connection that said ``hello`` (carrying the client's token) to the worker
+        at ``address`` (``worker``: the id it must have, else Unavailable: the address
+        now belongs to another worker, as when a restarted worker's old port is taken
+        by another one), over TLS with ``tls`` (TCP only)."""
         loop = asyncio.get_running_loop()
         unix = isinstance(address, str)
         fam = socket.AF_UNIX if unix else socket.AF_INET
@@ -132,7 +145,9 @@ class Connection:
         conn = cls(sock, unix)
         try:
             async with asyncio.timeout(timeout):
-                conn.hello = (await conn.call(_HELLO)).reply
+                if tls is not None and not unix:
+                    await conn._handshake(tls, address[0], _fmt(address))
+                conn.hello = (await conn.call(hello)).reply
             wire.check_hello(conn.hello.version, _fmt(address))
             if worker and conn.hello.worker != worker:
                 raise Unavailable(
@@ -141,8 +156,21 @@ class Connection:
         except TimeoutError:
             conn.close()
             raise Unavailable(f"worker at {_fmt(address)} did not answer its HELLO") from None
-        except ProtocolError as exc:
+        except (ProtocolError, Unavailable) as exc:
             conn.close()
+            if (
+                not isinstance(address, str)
+                and conn.tls is None
+                and (
+                    looks_like_tls(bytes(conn._hdr[:3]))
+                    or (not conn.answered and await _speaks_tls(address, timeout))
+                )
+            ):
+                raise TLSRefused(
+                    f"worker at {_fmt(address)} speaks TLS and this client does not: {WHAT_TO_PASS}"
+                ) from None
+            if isinstance(exc, Unavailable):
+                raise
             if conn.framed:
                 raise  # a worker that answered: another version, said in its own words
             # not a shoal worker at all (its old port now someone else's): try elsewhere
@@ -151,6 +179,50 @@ class Connection:
             conn.close()
             raise
         return conn
+
+    async def _handshake(self, ctx: ssl.SSLContext, host: str, where: str) -> None:
+        """TLS over this connection's socket, the worker's certificate checked against
+        the client's CA (TLSRefused, one line, when it is not trusted)."""
+        loop = asyncio.get_running_loop()
+        self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(self._tls_in, self._tls_out, server_hostname=host)
+        try:
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    await self._flush()
+                    data = await loop.sock_recv(self.sock, 1 << 16)
+                    if not data:
+                        raise EOFError("closed during the TLS handshake") from None
+                    self._tls_in.write(data)
+            await self._flush()
+        except ssl.SSLCertVerificationError as exc:
+            raise TLSRefused(
+                f"worker at {where}: its TLS certificate is not trusted "
+                f"({exc.verify_message}): {WHAT_TO_PASS}"
+            ) from None
+        except ssl.SSLError as exc:
+            raise TLSRefused(
+                f"worker at {where} does not speak TLS ({exc.reason}): unset tls_ca and "
+                "SHOAL_TLS_CA, or start the worker with --tls-cert and --tls-key"
+            ) from None
+        except (OSError, EOFError) as exc:
+            raise Unavailable(f"worker at {where}: TLS handshake failed: {exc}") from None
+        self.tls = tls
+
+    async def _flush(self) -> None:
+        out = self._tls_out.read()
+        if out:
+            await asyncio.get_running_loop().sock_sendall(self.sock, out)
+
+    async def _sendall(self, data: bytes) -> None:
+        if self.tls is None:
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+            return
+        self.tls.write(data)  # into a memory BIO: never wants to wait
+        await self._flush()
 
     def close(self) -> None:
         self.broken = True
@@ -164,12 +236,11 @@ class Connection:
 
     async def call(self, req: Request[R], want_fds: bool = False) -> Response[R]:
         """Send one request and read its response; errors from the worker are raised."""
-        loop = asyncio.get_running_loop()
         self._req_id = (self._req_id + 1) & 0xFFFFFFFF
         self.answered = False
         self.framed = False
         try:
-            await loop.sock_sendall(self.sock, encode_request(req, self._req_id))
+            await self._sendall(encode_request(req, self._req_id))
             fds: list[int] = []
             hdr = memoryview(self._hdr)
             if want_fds and self.unix:
@@ -205,6 +276,23 @@ class Connection:
 
     async def _recv_exact(self, view: memoryview) -> None:
         loop = asyncio.get_running_loop()
+        tls = self.tls
+        while view and tls is not None:
+            try:
+                got: int = tls.read(len(view), view)  # type: ignore[assignment]  # into view: a count
+            except ssl.SSLWantReadError:
+                await self._flush()  # anything the TLS layer has to say first
+                data = await loop.sock_recv(self.sock, 1 << 18)
+                if not data:
+                    raise EOFError("worker closed the connection") from None
+                self._tls_in.write(data)
+                continue
+            except ssl.SSLZeroReturnError:
+                raise EOFError("worker closed the TLS session") from None
+            if got == 0:
+                raise EOFError("worker closed the connection")
+            self.answered = True
+            view = view[got:]
         while view:
             n = await loop.sock_recv_into(self.sock, view)
             if n == 0:
@@ -237,6 +325,24 @@ class Connection:
             return n
 
 
+async def _speaks_tls(address: tuple[str, int], timeout: float) -> bool:
+    """Whether the TCP ``address`` that closed a plain connection without a word takes
+    a TLS handshake (certificate not checked: nothing is sent past the handshake), so
+    that a client without the CA is told so instead of failing over to nobody."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        async with asyncio.timeout(min(timeout, 5.0)):
+            _r, w = await asyncio.open_connection(*address, ssl=ctx)
+    except (OSError, TimeoutError, ssl.SSLError):
+        return False
+    w.close()
+    with contextlib.suppress(OSError, ssl.SSLError):
+        await w.wait_closed()
+    return True
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -250,11 +356,21 @@ class Pool:
     """Idle connections to one worker address."""
 
     def __init__(
-        self, address: str | tuple[str, int], size: int, timeout: float, worker: str = ""
+        self,
+        address: str | tuple[str, int],
+        size: int,
+        timeout: float,
+        worker: str = "",
+        token: str = "",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
+        #: TLS to a TCP address (shoal.core.tls.client_context; None: plain)
+        self.tls = None if isinstance(address, str) else tls
         #: the id of the worker expected at the address (checked at each HELLO)
         self.worker = worker
+        #: each new connection's HELLO, with the client's token ("": none)
+        self.greeting = HelloRequest(token=token) if token else _HELLO
         self.size = size
         self.timeout = timeout
         self._idle: list[Connection] = []
@@ -307,7 +423,9 @@ class Pool:
     async def _hello(self) -> bool:
         try:
             async with asyncio.timeout(self.probe_after):
-                conn = await Connection.open(self.address, self.probe_after, self.worker)
+                conn = await Connection.open(
+                    self.address, self.probe_after, self.worker, self.greeting, self.tls
+                )
                 conn.close()
         except (TimeoutError, Unavailable):
             return False
@@ -320,7 +438,9 @@ class Pool:
             conn = self._take()
             reused = conn is not None
             if conn is None:
-                conn = await Connection.open(self.address, self.timeout, self.worker)
+                conn = await Connection.open(
+                    self.address, self.timeout, self.worker, self.greeting, self.tls
+                )
             try:
                 resp = await conn.call(req, want_fds)
             except Unavailable:

@@ -29,7 +29,9 @@ class ControlPlane:
         self.settings = settings
         self.cache = cache
         self._http: aiohttp.ClientSession | None = None
-        self.api = MasterAPI(settings.master, self._session, token=settings.token)
+        self.api = MasterAPI(
+            settings.master, self._session, token=settings.token, tls_ca=settings.tls_ca
+        )
 
     async def dataset(self, name: str, refresh: bool = False) -> Dataset:
         raise NotImplementedError  # the data path decides how datasets are cached

@@ -19,8 +19,9 @@ from shoal.client.cache import ClientCache, WorkerAddr
 from shoal.client.conn import Pool, R, Response, TimedOut
 from shoal.client.hits import EXTRA_OWNERS, HitBook
 from shoal.client.local import TOUCH_EVERY
-from shoal.config import ClientSettings
+from shoal.config import ClientSettings, tls_ca_for
 from shoal.core.ring import Ring
+from shoal.core.tls import client_context
 from shoal.core.types import Dataset, NsPath, split_path
 from shoal.errors import ShoalError, Unavailable
 from shoal.proto.messages import REQUESTS, Request
@@ -165,7 +166,12 @@ class Routing(HitBook):
         if pool is None or pool.address != (w.uds if local else (w.host, w.port)):
             addr: str | tuple[str, int] = w.uds if local else (w.host, w.port)
             pool = self._pools[key] = Pool(
-                addr, self.settings.pool_size, self.settings.request_timeout, w.id
+                addr,
+                self.settings.pool_size,
+                self.settings.request_timeout,
+                w.id,
+                self.api.token or "",
+                client_context(tls_ca_for(self.settings.tls_ca)),
             )
         return pool
 

@@ -6,6 +6,12 @@ stats) and are *expired* by :meth:`Membership.tick` once silent for longer than
 live workers -- or to the address of a live one, which clients read from the ring --
 bumps the ring epoch, so clients holding an older ring refresh it.
 
+Scale-in: an admin *drains* a live worker (:meth:`Membership.drain`): it leaves the
+ring at once (an epoch bump: readers and new owners move on) but keeps heartbeating
+and serving while it hands its cached files to their next owners, and it *leaves*
+(:meth:`Membership.leave`) once they have them. A drained worker that registers again
+is live again.
+
 Nothing here does I/O, sleeps or reads a clock: the caller passes ``now`` (any
 monotonic float) and carries out the returned instructions (persist a worker, persist
 the epoch, tell a worker to register again). Tests drive it with plain calls.
@@ -19,9 +25,13 @@ from typing import Any, Literal
 
 from shoal.errors import InvalidArgument
 
-WorkerState = Literal["live", "expired"]
+WorkerState = Literal["live", "expired", "draining", "left"]
 LIVE: WorkerState = "live"
 EXPIRED: WorkerState = "expired"
+#: out of the ring, still serving while it hands its files over
+DRAINING: WorkerState = "draining"
+#: drained: out of the ring for good (until it registers again)
+LEFT: WorkerState = "left"
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,11 @@ class WorkerRecord:
     @property
     def live(self) -> bool:
         return self.state == LIVE
+
+    @property
+    def serving(self) -> bool:
+        """Reachable on the data path: live, or draining (not in the ring)."""
+        return self.state in (LIVE, DRAINING)
 
 
 # --- instructions -------------------------------------------------------------------------
@@ -209,7 +224,7 @@ class Membership:
         the master was not counting it.
         """
         old = self._workers.get(worker_id)
-        if old is None or not old.live:
+        if old is None or not old.serving:
             return Transition((ReRegister(worker_id),), self._epoch, known=False)
         new = replace(old, last_heartbeat=max(now, old.last_heartbeat))
         if stats is not None:
@@ -217,15 +232,39 @@ class Membership:
         self._workers[worker_id] = new
         return Transition((WorkerHeartbeat(worker_id),), self._epoch)
 
+    def drain(self, worker_id: str) -> Transition:
+        """An admin asks a live worker to leave: it is out of the ring now (one epoch
+        bump) and keeps serving until :meth:`leave`. ``known`` is False for a worker
+        that is not live or draining; draining one twice changes nothing."""
+        old = self._workers.get(worker_id)
+        if old is None or not old.serving:
+            return Transition((), self._epoch, known=False)
+        if old.state == DRAINING:
+            return Transition((), self._epoch)
+        self._workers[worker_id] = replace(old, state=DRAINING)
+        return Transition((WorkerRegistered(worker_id), self._bump()), self._epoch)
+
+    def leave(self, worker_id: str) -> Transition:
+        """A draining worker handed its files over: it is gone (not in the ring, not
+        reachable). The ring does not change: it left it when the drain began."""
+        old = self._workers.get(worker_id)
+        if old is None or old.state != DRAINING:
+            return Transition((), self._epoch, known=False)
+        self._workers[worker_id] = replace(old, state=LEFT)
+        return Transition((WorkerRegistered(worker_id),), self._epoch)
+
     def tick(self, now: float) -> Transition:
-        """Expire every live worker silent for longer than ``expiry``; one epoch bump."""
+        """Expire every live (or draining) worker silent for longer than ``expiry``; one
+        epoch bump when the ring lost any."""
         out: list[Instruction] = []
+        ring_changed = False
         for wid in sorted(self._workers):
             w = self._workers[wid]
-            if w.live and now - w.last_heartbeat > self.expiry:
+            if w.serving and now - w.last_heartbeat > self.expiry:
+                ring_changed = ring_changed or w.live
                 self._workers[wid] = replace(w, state=EXPIRED)
                 out.append(WorkerExpired(wid))
-        if out:
+        if ring_changed:
             out.append(self._bump())
         return Transition(tuple(out), self._epoch)
 

@@ -79,7 +79,7 @@ _MW = (MASTER, WORKER)
 METRICS: tuple[MetricSpec, ...] = (
     # -- cluster (master) ---------------------------------------------------------------
     _m("shoal_master_workers", _G, "state", "workers",
-       "Registered workers by state (live, expired)", MASTER),
+       "Registered workers by state (live, expired, draining, left)", MASTER),
     _m("shoal_master_datasets", _G, "", "datasets", "Datasets defined", MASTER),
     _m("shoal_ring_epoch", _G, "", "epoch", "Current ring epoch", MASTER),
     _m("shoal_worker_up", _G, "worker", "bool",
@@ -91,6 +91,13 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("shoal_dataset_cached_ratio", _G, "dataset", "ratio",
        "Cached bytes / dataset bytes in its manifest (0..1; absent without a manifest)",
        MASTER),
+    _m("shoal_moved_files_total", _C, "direction", "files",
+       "Files moved between workers when the ring moved: in (a new owner got it from "
+       "a previous owner, not from under storage), out (a draining worker handed it "
+       "over); summed over every known worker", MASTER),
+    _m("shoal_moved_bytes_total", _C, "direction", "bytes",
+       "Bytes moved between workers when the ring moved (in, out: as "
+       "shoal_moved_files_total)", MASTER),
     _m("shoal_jobs", _G, "state", "jobs", "Jobs the master knows, by state", MASTER),
     _m("shoal_job_files", _G, "job_id kind dataset count", "files",
        "Files of an active or recent job: count=total|done|skipped|failed", MASTER),
@@ -140,6 +147,12 @@ METRICS: tuple[MetricSpec, ...] = (
        "Open data-path connections (TCP and Unix socket)", WORKER),
     _m("shoal_worker_buffered_bytes", _G, "", "bytes",
        "Bytes held for incomplete request frames (capped)", WORKER),
+    _m("shoal_worker_auth_checks_total", _C, "", "tokens",
+       "Data-path tokens verified (one per connection's HELLO, with a cluster secret)",
+       WORKER),
+    _m("shoal_worker_auth_refusals_total", _C, "reason", "refusals",
+       "Data-path connections or requests refused for their token: missing, expired, "
+       "bad_signature, malformed, dataset (a reader token for another dataset)", WORKER),
     # -- FUSE daemon (one per mount) ----------------------------------------------------
     _m("shoal_fuse_requests_total", _C, "op", "requests", "FUSE requests by operation", FUSE),
     _m("shoal_fuse_errors_total", _C, "errno", "replies", "FUSE error replies by errno", FUSE),

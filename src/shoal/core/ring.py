@@ -1,6 +1,7 @@
 """Consistent-hash placement of file paths over live workers, with virtual nodes.
 
-Adding or removing one of N workers moves about 1/N of the keys. ``owners(key, k)``
+Adding or removing one of N workers moves about 1/N of the keys (tests/unit/
+test_ring_movement.py measures it). ``owners(key, k)``
 walks the ring clockwise from the key's hash and returns the first k distinct workers:
 ``replicas=k`` keeps copies on exactly those, and a client fails over along the same
 order.
@@ -61,3 +62,33 @@ class Ring:
     def owner(self, key: str) -> str | None:
         o = self.owners(key, 1)
         return o[0] if o else None
+
+
+def moved_fraction(before: Ring, after: Ring, keys: Sequence[str]) -> float:
+    """The share of ``keys`` whose first owner differs between two rings (0..1)."""
+    if not keys:
+        return 0.0
+    return sum(before.owner(k) != after.owner(k) for k in keys) / len(keys)
+
+
+def previous_owners(
+    key: str,
+    k: int,
+    current: Ring,
+    history: Sequence[Ring],
+    me: str,
+    limit: int = 2,
+) -> list[str]:
+    """Workers that owned ``key`` in earlier rings (``history``, newest first) and may
+    still cache it, in the order to ask them: never ``me`` and never an owner the
+    current ring names (those are asked as owners, not as previous ones); at most
+    ``limit``. A key that did not move has none."""
+    now = set(current.owners(key, k))
+    out: list[str] = []
+    for ring in history:
+        for m in ring.owners(key, k):
+            if m != me and m not in now and m not in out:
+                out.append(m)
+                if len(out) >= limit:
+                    return out
+    return out

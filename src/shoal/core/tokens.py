@@ -15,6 +15,11 @@ verify, so a token cannot choose its own). Claims:
 
 A token is never logged, stored in state or put in an error message; what the
 master logs for a refused request is the reason and the holder's ``sub``.
+
+Workers given the same secret check the token a client sends in its data-path HELLO,
+once per connection (see shoal.proto.wire): every role may read data (workers read
+pages from their peers with their worker token), a reader token limited to datasets
+only those.
 """
 
 from __future__ import annotations
@@ -121,6 +126,34 @@ def verify(secret: bytes, token: str, now: float | None = None) -> Claims:
         frozenset(ds) if ds is not None else None,
         float(exp) if exp is not None else None,
     )
+
+
+#: why a token was refused, as refusals are counted (bounded labels), by verify's message
+_REASONS = {
+    "token expired": "expired",
+    "token not signed by this cluster": "bad_signature",
+}
+#: the reason of a refusal for lack of any token, and for a token scoped elsewhere
+MISSING, DATASET = "missing", "dataset"
+REASONS = (MISSING, "expired", "bad_signature", "malformed", DATASET)
+
+
+def reason(exc: Unauthenticated) -> str:
+    """The label a refusal by :func:`verify` is counted under: expired, bad_signature
+    or malformed."""
+    return _REASONS.get(exc.message, "malformed")
+
+
+def claimed_name(token: str) -> str:
+    """The ``sub`` a token claims, read without checking its signature, for a refusal's
+    log line (never the token itself; at most 64 characters, repr-quoted since anyone
+    can write it); "?" when it has none."""
+    try:
+        raw = jwt.decode(token, options={"verify_signature": False, "verify_exp": False})
+    except jwt.PyJWTError:
+        return "?"
+    sub = raw.get("sub") if isinstance(raw, dict) else None
+    return repr(sub[:64]) if isinstance(sub, str) else "?"
 
 
 def new_secret(path: Path) -> bytes:

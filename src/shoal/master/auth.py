@@ -12,8 +12,8 @@ GET health, GET /metrics                    anyone (no token needed)
 GET datasets, dataset, manifest, ring,      reader, worker, admin; a reader limited to
 report, watch, jobs, job; GET /ui/...       datasets sees only those (lists filtered,
                                             other names refused)
-POST register, heartbeat, GET task claims,  worker, admin
-POST task reports
+POST register, heartbeat, GET task claims,  worker, admin (a worker drains only
+POST task reports, POST worker drain         itself: the request carries its key)
 everything else (create/patch/delete        admin
 datasets, submit/stop/resume jobs, backup,
 tokens)
@@ -61,6 +61,8 @@ _WORKER = {
     ("POST", control.WORKER_HEARTBEAT),
     ("GET", control.CLAIM),
     ("POST", control.TASK),
+    # a worker drains itself (SIGTERM with a drain timeout), proving it with its key
+    ("POST", control.WORKER_DRAIN),
 }
 
 

@@ -59,6 +59,7 @@ _SERVICE_NAMES = (
     "shoal_worker_up", "shoal_worker_heartbeat_age_seconds", "shoal_dataset_hit_ratio",
     "shoal_dataset_cached_ratio", "shoal_jobs", "shoal_job_files", "shoal_job_bytes",
     "shoal_job_active", "shoal_job_tasks", "shoal_job_deadline_timestamp_seconds",
+    "shoal_moved_files_total", "shoal_moved_bytes_total",
 )  # fmt: skip
 
 
@@ -81,9 +82,9 @@ class MasterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         f = {name: family(name) for name in self._names()}
-        live = sum(1 for r in snap.records if r.live)
-        f["shoal_master_workers"].add_metric(["live"], live)
-        f["shoal_master_workers"].add_metric(["expired"], len(snap.records) - live)
+        for state in ("live", "expired", "draining", "left"):
+            n = sum(1 for r in snap.records if r.state == state)
+            f["shoal_master_workers"].add_metric([state], n)
         f["shoal_master_datasets"].add_metric([], len(snap.dataset_names))
         f["shoal_ring_epoch"].add_metric([], snap.epoch)
         for name, t in dataset_totals(snap.records, snap.dataset_names).items():
@@ -100,6 +101,12 @@ class MasterCollector(Collector):
 
 
 def _report_metrics(f: dict[str, Any], report: ReportResponse) -> None:
+    totals: Any = report["totals"]
+    for way in ("in", "out"):
+        files = totals.get("moved_files" if way == "in" else "handed_over_files", 0)
+        nbytes = totals.get("moved_bytes" if way == "in" else "handed_over_bytes", 0)
+        f["shoal_moved_files_total"].add_metric([way], files)
+        f["shoal_moved_bytes_total"].add_metric([way], nbytes)
     for w in report["workers"]:
         f["shoal_worker_up"].add_metric([w["id"]], 1 if w["state"] == "live" else 0)
         f["shoal_worker_heartbeat_age_seconds"].add_metric([w["id"]], w["last_heartbeat_age_s"])

@@ -10,7 +10,10 @@ What is summed over which workers:
 - cached files and bytes, tier usage: live workers only -- an expired worker's cache
   is not reachable, so it is not cached data the cluster can serve;
 - hits, misses and bytes read by source: every known worker, live or expired -- they
-  count traffic that happened, and dropping a worker must not make them go backwards.
+  count traffic that happened, and dropping a worker must not make them go backwards;
+- files and bytes moved between workers when the ring moved (``moved``: ``files_in``
+  and ``bytes_in`` a new owner got from a previous one instead of under storage,
+  ``files_out`` and ``bytes_out`` a draining worker handed over): every known worker.
 
 ``hit_ratio`` is byte-weighted when workers report bytes by source (bytes served from
 a cache, local or remote, over all bytes read), otherwise hits / (hits + misses), and
@@ -35,6 +38,14 @@ from shoal.proto.control import (
 )
 
 SOURCES = ("local", "remote", "ufs")
+#: the counters of a worker's ``moved`` stats (shoal.worker.drain)
+MOVED = ("files_in", "bytes_in", "files_out", "bytes_out")
+
+
+def moved(rec: WorkerRecord) -> dict[str, int]:
+    """The worker's moved files and bytes (zeros when it reports none)."""
+    m = rec.stats.get("moved") if isinstance(rec.stats, Mapping) else None
+    return {k: _n(m, k) for k in MOVED}
 
 
 def _n(d: Any, key: str) -> int:
@@ -180,12 +191,17 @@ def build_report(
                 "used": w_used,
                 "tiers": tiers,
                 "datasets": _worker_datasets(rec, dataset_names),
+                "moved": moved(rec),
             }
         )
         if rec.live:
             capacity += w_cap
             used += w_used
             corrupt += _n(rec.stats, "corrupt_pages")
+    all_moved = dict.fromkeys(MOVED, 0)
+    for rec in records:
+        for k, v in moved(rec).items():
+            all_moved[k] += v
     all_ds = DatasetTotals()
     for t in per_ds.values():
         all_ds.merge(t)
@@ -204,5 +220,9 @@ def build_report(
         "hit_ratio": all_ds.hit_ratio,
         "bytes_by_source": all_ds.bytes_by_source(),
         "corrupt_pages": corrupt,
+        "moved_files": all_moved["files_in"],
+        "moved_bytes": all_moved["bytes_in"],
+        "handed_over_files": all_moved["files_out"],
+        "handed_over_bytes": all_moved["bytes_out"],
     }
     return {"datasets": datasets, "workers": workers, "totals": totals}

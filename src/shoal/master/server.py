@@ -29,10 +29,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import shoal
 from shoal.config import MasterSettings, cluster_secret
+from shoal.core.tls import server_context
+from shoal.core.tokens import ADMIN
 from shoal.errors import InvalidArgument, NotFound, ShoalError
 from shoal.master import validate
 from shoal.master.adminroutes import add_admin_routes
-from shoal.master.auth import Gate, visible
+from shoal.master.auth import Gate, claims_of, visible
 from shoal.master.jobroutes import add_job_routes
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService
@@ -132,6 +134,12 @@ async def _heartbeat(request: web.Request) -> web.Response:
     return web.json_response(_service(request).heartbeat(request.match_info["id"], body))
 
 
+async def _drain(request: web.Request) -> web.Response:
+    admin = claims_of(request).role == ADMIN
+    body = await _body(request)
+    return web.json_response(_service(request).drain(request.match_info["id"], body, admin))
+
+
 async def _ring(request: web.Request) -> web.Response:
     return web.json_response(_service(request).ring_body())
 
@@ -166,6 +174,7 @@ def make_app(service: MasterService, gate: Gate | None = None) -> web.Applicatio
     app.router.add_post(control.WORKER_REGISTER, _register)
     app.router.add_post(control.WORKER_HEARTBEAT, _heartbeat)
     app.router.add_get(control.RING, _ring)
+    app.router.add_post(control.WORKER_DRAIN, _drain)
     app.router.add_get(control.REPORT, _report)
     app.router.add_get(control.METRICS, metrics)
     add_job_routes(app, service.jobs)
@@ -186,6 +195,8 @@ class MasterServer:
                 "authentication is off: anyone who reaches this port may change the cluster"
             )
         self._runner = web.AppRunner(make_app(service, Gate(secret)), access_log=None)
+        #: https with --tls-cert/--tls-key (clients trust it with tls_ca / SHOAL_TLS_CA)
+        self._tls = server_context(settings.tls_cert, settings.tls_key, "master: ")
         self._ticker: asyncio.Task[None] | None = None
         self._port = 0
 
@@ -200,11 +211,14 @@ class MasterServer:
             host = "127.0.0.1"
         elif ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self._port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{host}:{self._port}"
 
     async def _start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
+        site = web.TCPSite(
+            self._runner, self.settings.host, self.settings.port, ssl_context=self._tls
+        )
         await site.start()
         self._port = int(self._runner.addresses[0][1])
         self._ticker = asyncio.create_task(self._tick_loop(), name="shoal-master-tick")

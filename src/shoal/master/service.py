@@ -19,6 +19,7 @@ from typing import Any
 
 from shoal.config import MasterSettings
 from shoal.core.membership import (
+    DRAINING,
     LIVE,
     EpochBumped,
     Membership,
@@ -30,12 +31,13 @@ from shoal.core.membership import (
 )
 from shoal.core.ring import DEFAULT_VNODES, Ring
 from shoal.core.types import Dataset
-from shoal.errors import InvalidArgument, PermissionDenied
+from shoal.errors import InvalidArgument, NotFound, PermissionDenied
 from shoal.master import validate
 from shoal.master.jobs import JobManager
 from shoal.master.jobstate import JobState
 from shoal.master.metrics import Snapshot
 from shoal.master.report import build_report
+from shoal.master.ringhistory import RingHistory
 from shoal.master.state import MasterState
 from shoal.proto.control import (
     HeartbeatResponse,
@@ -68,6 +70,8 @@ class MasterService:
             workers=[w.record(now) for w in stored],
         )
         self._dirty: set[str] = set()
+        #: the rings before this one, for new owners to find moved files (ringhistory)
+        self.history = RingHistory(self.membership.epoch, self.membership.live_ids())
         #: registrations refused because the id is bound to another key
         self.refused_registrations = 0
         self.jobs = JobManager(
@@ -168,11 +172,50 @@ class MasterService:
             log.info(
                 "heartbeat from unknown or expired worker %s: asking it to register", worker_id
             )
-        return {
+        rec = self.membership.get(worker_id)
+        draining = t.known and rec is not None and rec.state == DRAINING
+        left = False
+        if draining and isinstance(stats, dict) and stats.get("drained") is True:
+            self._apply(self.membership.leave(worker_id))
+            log.info("worker %s drained: its files are with their next owners", worker_id)
+            draining, left = False, True
+        out: HeartbeatResponse = {
             "epoch": self.membership.epoch,
             "datasets_generation": self.state.datasets_generation,
             "known": t.known,
         }
+        if draining:
+            out["draining"] = True
+        if left:
+            out["left"] = True
+        return out
+
+    def drain(self, worker_id: str, body: Any = None, admin: bool = True) -> dict[str, Any]:
+        """Take a live worker out of the ring; it hands its cached files to their next
+        owners (shoal.worker.drain), then leaves. NotFound for a worker that is not
+        live or draining. A worker may drain itself (its SIGTERM with a drain timeout)
+        with a worker token and its identity key in ``body``; only an admin drains
+        another worker."""
+        if not admin:
+            key = body.get("key") if isinstance(body, dict) else None
+            if not isinstance(key, str) or not self.state.worker_key_matches(
+                worker_id, hashlib.sha256(key.encode()).hexdigest()
+            ):
+                raise PermissionDenied(f"only an admin, or worker {worker_id!r} itself, drains it")
+        self._apply(self.membership.tick(self._clock()))
+        if self.membership.live_ids() == [worker_id]:
+            raise InvalidArgument(
+                f"worker {worker_id!r} is the only live worker: its files would have no owner"
+            )
+        t = self.membership.drain(worker_id)
+        if not t.known:
+            rec = self.membership.get(worker_id)
+            state = rec.state if rec is not None else "unknown"
+            raise NotFound(f"no live worker {worker_id!r} to drain (it is {state})")
+        self._apply(t)
+        if t.ring_changed:
+            log.info("draining worker %s: out of the ring at epoch %d", worker_id, t.epoch)
+        return {"id": worker_id, "state": DRAINING, "epoch": self.membership.epoch}
 
     def tick(self) -> None:
         """Expire silent workers and write batched heartbeats; called periodically."""
@@ -208,6 +251,9 @@ class MasterService:
                     )
             elif isinstance(ins, EpochBumped):
                 epoch = ins.epoch
+                self.history.moved(
+                    ins.epoch, self.membership.live_ids(), self.membership.records(), self._clock()
+                )
         if urgent or epoch is not None:
             self.state.save_workers(self._with_wall(urgent), epoch)
         if epoch is not None:
@@ -227,6 +273,7 @@ class MasterService:
     def ring_body(self) -> RingResponse:
         ring = self.ring()
         live = {r.info.id: r.info for r in self.membership.live()}
+        serving = {r.info.id: r.info for r in self.membership.records() if r.serving}
         return {
             "epoch": ring.epoch,
             "vnodes": ring.vnodes,
@@ -242,6 +289,13 @@ class MasterService:
             ],
             # lets a client skip fetching the datasets when none changed
             "datasets_generation": self.state.datasets_generation,
+            # earlier rings and draining workers: where new owners find moved files
+            "history": self.history.body(self._clock(), set(serving)),
+            "peers": [
+                {"id": wid, "host": i.host, "port": i.port, "uds": i.uds, "node": i.node}
+                for wid, i in sorted(serving.items())
+                if wid not in live
+            ],
         }
 
     def report(self) -> ReportResponse:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shoal.core.membership import EXPIRED, LIVE, WorkerInfo, WorkerRecord
+from shoal.core.membership import DRAINING, EXPIRED, LEFT, LIVE, WorkerInfo, WorkerRecord
 from shoal.core.types import CachePolicy, Dataset
 from shoal.errors import DatasetExists, DatasetNotFound
 from shoal.master.backup import copy_db
@@ -74,7 +74,8 @@ class StoredWorker:
 
         A reloaded worker gets one full expiry period from the restart to heartbeat.
         """
-        state = EXPIRED if self.state == EXPIRED else LIVE
+        known = {EXPIRED: EXPIRED, DRAINING: DRAINING, LEFT: LEFT}
+        state = known.get(self.state, LIVE)  # type: ignore[call-overload]
         return WorkerRecord(self.info, state, now, self.stats)
 
 
@@ -227,6 +228,13 @@ class MasterState:
             row = cur.execute(
                 "SELECT key_hash FROM worker_keys WHERE id = ?", (worker_id,)
             ).fetchone()
+        return bool(row) and hmac.compare_digest(str(row[0]), key_hash)
+
+    def worker_key_matches(self, worker_id: str, key_hash: str) -> bool:
+        """Whether ``worker_id`` is bound to ``key_hash`` (binds nothing)."""
+        row = self._db.execute(
+            "SELECT key_hash FROM worker_keys WHERE id = ?", (worker_id,)
+        ).fetchone()
         return bool(row) and hmac.compare_digest(str(row[0]), key_hash)
 
     def load_workers(self) -> list[StoredWorker]:

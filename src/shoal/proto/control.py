@@ -55,6 +55,8 @@ DATASET = f"{API_PREFIX}/datasets/{{name}}"
 WORKER_REGISTER = f"{API_PREFIX}/workers/register"
 WORKER_HEARTBEAT = f"{API_PREFIX}/workers/{{id}}/heartbeat"
 RING = f"{API_PREFIX}/ring"
+#: take a worker out of the ring; it hands its files over, then leaves (admin)
+WORKER_DRAIN = f"{API_PREFIX}/workers/{{id}}/drain"
 REPORT = f"{API_PREFIX}/report"
 WATCH = f"{API_PREFIX}/watch"
 JOBS = f"{API_PREFIX}/jobs"
@@ -95,6 +97,11 @@ def job_path(job_id: str, action: str = "") -> str:
 def heartbeat_path(worker_id: str) -> str:
     """``/api/v1/workers/<id>/heartbeat`` with the id quoted for a URL."""
     return WORKER_HEARTBEAT.format(id=quote(worker_id, safe=""))
+
+
+def drain_path(worker_id: str) -> str:
+    """``/api/v1/workers/<id>/drain`` with the id quoted for a URL."""
+    return WORKER_DRAIN.format(id=quote(worker_id, safe=""))
 
 
 def claim_path(worker_id: str) -> str:
@@ -220,6 +227,10 @@ class HeartbeatResponse(TypedDict):
     datasets_generation: int
     #: False: the master does not know this worker (restart or expiry): register again
     known: bool
+    #: the worker is out of the ring: hand its files over, then report "drained"
+    draining: NotRequired[bool]
+    #: the master took the worker's "drained": it has left the cluster
+    left: NotRequired[bool]
 
 
 class RingWorker(TypedDict):
@@ -235,6 +246,11 @@ class RingResponse(TypedDict):
     vnodes: int
     workers: list[RingWorker]
     datasets_generation: int
+    #: earlier rings, newest first: {epoch, age_s, workers: [id], holders: {id:
+    #: [dataset]}} (shoal.master.ringhistory); new owners ask previous ones
+    history: NotRequired[list[dict[str, Any]]]
+    #: reachable workers not in the ring (draining), for peer transfers only
+    peers: NotRequired[list[RingWorker]]
 
 
 def ring_from_response(body: RingResponse) -> Ring:
@@ -288,13 +304,15 @@ class ReportWorker(TypedDict):
     host: str
     port: int
     node: str
-    state: str  # "live" | "expired"
+    state: str  # "live" | "expired" | "draining" | "left"
     last_heartbeat_age_s: float
     capacity: int
     used: int
     tiers: list[ReportTier]
     #: what the worker caches of each dataset (absent from older masters)
     datasets: NotRequired[dict[str, ReportWorkerDataset]]
+    #: files_in, bytes_in (from previous owners), files_out, bytes_out (drain)
+    moved: NotRequired[dict[str, int]]
 
 
 class ReportTotals(TypedDict):
@@ -311,6 +329,12 @@ class ReportTotals(TypedDict):
     hit_ratio: float
     bytes_by_source: BytesBySource
     corrupt_pages: int
+    #: files and bytes new owners got from previous owners when the ring moved
+    moved_files: NotRequired[int]
+    moved_bytes: NotRequired[int]
+    #: files and bytes draining workers handed to their next owners
+    handed_over_files: NotRequired[int]
+    handed_over_bytes: NotRequired[int]
 
 
 class ReportResponse(TypedDict):

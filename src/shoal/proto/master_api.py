@@ -25,8 +25,9 @@ import msgpack
 from multidict import CIMultiDict
 from yarl import URL
 
-from shoal.config import token_for
+from shoal.config import tls_ca_for, token_for
 from shoal.core.manifest import Manifest
+from shoal.core.tls import WHAT_TO_PASS, TLSRefused, client_context
 from shoal.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
 from shoal.proto import control as api
 
@@ -61,7 +62,13 @@ def _decoded(raw: bytes) -> Any:
 class MasterAPI:
     """The master's API at ``master`` (``http://host:port``) over ``session()``."""
 
-    def __init__(self, master: str, session: SessionFactory, token: str | None = None) -> None:
+    def __init__(
+        self,
+        master: str,
+        session: SessionFactory,
+        token: str | None = None,
+        tls_ca: str | None = None,
+    ) -> None:
         #: every address the master may answer at, in order ("URL,URL,..."): a restored
         #: or standby master on another host is found without reconfiguring anyone
         self.masters = [m.strip().rstrip("/") for m in master.split(",") if m.strip()]
@@ -72,6 +79,14 @@ class MasterAPI:
         #: the bearer token sent with every request (shoal.config.token_for by default)
         self._token = token if token is not None else token_for(master)
         self._auth = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        #: an https master's certificate is checked with this CA (tls_ca, else
+        #: SHOAL_TLS_CA; neither: the system's CAs)
+        self._ssl = client_context(tls_ca_for(tls_ca))
+
+    @property
+    def token(self) -> str | None:
+        """The token this client presents (None: none); never shown."""
+        return self._token
 
     @property
     def master(self) -> str:
@@ -98,6 +113,8 @@ class MasterAPI:
         """One request; ``body`` goes as JSON, or msgpack with ``packed``. Raises the
         ShoalError the answer carries, Unavailable when the master cannot be reached."""
         kw: dict[str, Any] = {"headers": dict(self._auth)}
+        if self._ssl is not None:
+            kw["ssl"] = self._ssl  # used for https:// addresses only
         if packed:
             kw["data"] = msgpack.packb(body, use_bin_type=True)
             kw["headers"]["Content-Type"] = api.MSGPACK
@@ -116,6 +133,11 @@ class MasterAPI:
                     # case-insensitive, as HTTP headers are (a proxy may lowercase them)
                     headers = CIMultiDict(r.headers)
                 break
+            except aiohttp.ClientConnectorCertificateError as exc:
+                raise TLSRefused(
+                    f"master at {self._shown(url)}: its TLS certificate is not trusted "
+                    f"({getattr(exc.certificate_error, 'verify_message', exc)}): {WHAT_TO_PASS}"
+                ) from None
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # nothing was sent: the next address may take the request
                 if tries + 1 < len(self.masters):
@@ -205,6 +227,13 @@ class MasterAPI:
         whatever else the worker tells about itself)."""
         data = await self._object("POST", api.WORKER_REGISTER, dict(body))
         return cast(api.RegisterResponse, data)
+
+    async def drain_worker(self, worker_id: str, key: str | None = None) -> dict[str, Any]:
+        """Take a worker out of the ring; it hands its files over, then leaves. A
+        worker draining itself sends its identity ``key`` (never logged)."""
+        body = {"key": key} if key is not None else None
+        out: dict[str, Any] = await self._object("POST", api.drain_path(worker_id), body)
+        return out
 
     async def heartbeat(self, worker_id: str, stats: Mapping[str, Any]) -> api.HeartbeatResponse:
         req = {"stats": dict(stats)}

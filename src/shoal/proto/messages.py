@@ -11,8 +11,8 @@ array of the right length and scalar types, lists of items of the right length) 
 its items' values are left to the reader that unpacks them, so the client's hot path
 pays a few isinstance calls in C and no per-field work.
 
-HELLO is the one op whose shapes never change (request ``[version]``, reply a map with
-``version``), so a client and a worker of different versions always understand each
+HELLO is the one op whose shapes never change (request ``[version]`` or
+``[version, token]``, reply a map with ``version``), so a client and a worker of different versions always understand each
 other's HELLO (see :func:`shoal.proto.wire.check_hello` and ``refuse_hello``).
 """
 
@@ -130,15 +130,28 @@ class HelloReply(Message):
 
 @dataclass(frozen=True, slots=True)
 class HelloRequest(Request[HelloReply]):
+    """``[version]``, or ``[version, token]`` from a client that has a cluster token (a
+    worker of any version ignores fields past the version, so this stays readable
+    everywhere). The token is never shown (not in repr, logs or errors)."""
+
     OP: ClassVar[Op] = Op.HELLO
     REPLY: ClassVar[Any] = HelloReply
     version: int = VERSION
+    #: the caller's cluster token (shoal.core.tokens); "": none
+    token: str = field(default="", repr=False)
+
+    def encode(self) -> list[Any]:
+        return [self.version, self.token] if self.token else [self.version]
 
     @classmethod
     def decode(cls, body: Any) -> HelloRequest:
         a = check_args(Op.HELLO, body)
         if not a or type(a[0]) is not int:
             raise ProtocolError("HELLO without a protocol version")
+        if len(a) > 1 and a[1] is not None:
+            if type(a[1]) is not str:
+                raise ProtocolError("HELLO token must be a string")
+            return cls(a[0], a[1])
         return cls(a[0])
 
 

@@ -26,7 +26,7 @@ Ops: request fields (the msgpack array, in this order) and reply (meta; data)
 ==========  ==========================================  ====================================
 op          request                                     reply
 ==========  ==========================================  ====================================
-HELLO       HelloRequest [version]                      HelloReply {version, worker, node,
+HELLO       HelloRequest [version, token]               HelloReply {version, worker, node,
                                                         epoch} (a map, in every version)
 STAT        StatRequest [dataset, path, generation]     StatReply: FileInfo wire list
 LIST        ListRequest [dataset, path, generation]     ListReply [FileInfo wire list, ...]
@@ -83,6 +83,20 @@ Data-path protocol v2 (what changed from 1, and how versions meet):
   versions, so this holds between any two.
 - Connections are pooled, so the HELLO costs one round trip per new connection, none
   per request.
+
+Authentication (issue 13): a worker given the cluster secret (``--secret-file``,
+``SHOAL_SECRET``) takes a connection only once its HELLO carries a token signed with
+it (``[version, token]``; the token is the second field, which workers that check none
+ignore, so HELLO's shape is the same in every version and no version bump was
+needed). The token is verified once, at the HELLO; its claims stay with the
+connection and every later request is checked against them with a set lookup (a
+reader token limited to datasets gets ``denied`` for any other dataset, on every op
+and on both sockets). A HELLO without a token, or with one this cluster did not sign,
+or an expired one, is answered with ``unauthenticated`` (one line saying what to
+pass) and the connection is closed, before any other work. A connection must say its
+HELLO within HELLO_TIMEOUT seconds of connecting, in a frame of at most MAX_HELLO
+bytes (any frame before the HELLO is held to that size too), else it is closed: a
+silent, slow or garbage handshake holds nothing for long.
 """
 
 from __future__ import annotations
@@ -136,6 +150,9 @@ def _limit(name: str, default: int | float) -> Any:
 #   closed at once;
 # - a connection with no request in flight and no bytes received for IDLE_TIMEOUT
 #   seconds is closed (a client's pool reconnects transparently);
+# - a connection that has not said a good HELLO within HELLO_TIMEOUT seconds of
+#   connecting is closed, and until it has, none of its frames may exceed MAX_HELLO
+#   bytes (an unauthenticated peer gets no large buffers);
 # - a connection whose peer sends while its request is in flight, or does not take its
 #   answers, is not read until it does (one request in flight per connection: no
 #   client sends ahead), so neither requests nor answers pile up in the worker;
@@ -158,6 +175,9 @@ MAX_BUFFERED: int = _limit("MAX_BUFFERED", 256 << 20)
 CONNS_PER_PEER: int = _limit("CONNS_PER_PEER", 1024)
 MAX_CONNS: int = _limit("MAX_CONNS", 16384)
 IDLE_TIMEOUT: float = _limit("IDLE_TIMEOUT", 300.0)
+#: seconds a new connection has to say HELLO, and the largest frame it may send first
+HELLO_TIMEOUT: float = _limit("HELLO_TIMEOUT", 10.0)
+MAX_HELLO: int = _limit("MAX_HELLO", 16384)
 MAX_BATCH = 4096
 MAX_TOUCH_ITEMS = 65536
 MAX_TOUCH_PAGES = 4096

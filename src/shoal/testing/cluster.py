@@ -63,6 +63,10 @@ class TestCluster(LocalCluster):
     __test__ = False  # not a pytest class
 
     def client(self, **overrides: object) -> Client:
+        """A client of this cluster (with ``auth``: holding the admin's token, unless
+        ``token=`` says otherwise)."""
+        if self.auth and "token" not in overrides:
+            overrides["token"] = self.admin_token_file.read_text().strip()
         settings = ClientSettings(master=self.master_url, **overrides)  # type: ignore[arg-type]
         return Client(settings=settings)
 
@@ -75,7 +79,11 @@ class TestCluster(LocalCluster):
         addr = self.start_worker(i)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with urllib.request.urlopen(self.master_url + RING, timeout=5) as r:
+            req = urllib.request.Request(self.master_url + RING)
+            if self.auth:
+                token = self.admin_token_file.read_text().strip()
+                req.add_header("Authorization", f"Bearer {token}")
+            with urllib.request.urlopen(req, timeout=5) as r:
                 ring = json.load(r)
             if any(w["id"] == addr["id"] and w["port"] == addr["port"] for w in ring["workers"]):
                 return

@@ -8,6 +8,11 @@ descriptors travel to local clients with SCM_RIGHTS in the answer's own ``sendms
 The first frame of a connection must be a HELLO of this protocol version (see
 shoal.proto.wire): any other op before it, or a HELLO of another version, is answered
 with the protocol error naming both versions (clients of protocol 1 send no HELLO).
+With the cluster secret, the HELLO's token is verified (once: its claims stay with the
+connection and each request's dataset is checked against them); a refused HELLO is
+answered ``unauthenticated`` and the connection closed. A connection that has not said
+a good HELLO within ``wire.HELLO_TIMEOUT`` is closed, and its frames until then may be
+at most ``wire.MAX_HELLO`` bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
-from shoal.errors import ProtocolError, ShoalError, Unavailable
+from shoal.core.tokens import Claims
+from shoal.errors import ProtocolError, ShoalError, Unauthenticated, Unavailable
 from shoal.proto import wire
 from shoal.proto.messages import (
     AnyRequest,
@@ -48,8 +54,11 @@ class Conn(asyncio.Protocol):
     def __init__(self, service: DataService, local: bool) -> None:
         self.service = service
         self.local = local
-        #: whether the peer said HELLO in this protocol's version
+        #: whether the peer said HELLO in this protocol's version (with a good token)
         self.greeted = False
+        #: what the HELLO's token grants (None: the worker checks no tokens)
+        self.claims: Claims | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
         self.buf = bytearray()
         self.busy = False
         self.transport: asyncio.Transport | None = None
@@ -68,6 +77,8 @@ class Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         sock = transport.get_extra_info("socket")
+        if transport.get_extra_info("sslcontext") is not None:
+            sock = None  # TLS: bytes go through the transport (no sendfile, no sendmsg)
         if sock is not None:
             # our own handle on the fd: uvloop's pseudo-socket has no sendmsg/sendfile
             self._raw = socket.socket(fileno=os.dup(sock.fileno()))
@@ -80,6 +91,18 @@ class Conn(asyncio.Protocol):
             self._close()
             return
         self.peer = peer
+        self._hello_timer = asyncio.get_running_loop().call_later(
+            wire.HELLO_TIMEOUT, self._hello_late
+        )
+
+    def _hello_late(self) -> None:
+        """No good HELLO within HELLO_TIMEOUT of connecting: a silent, slow or garbage
+        handshake holds its connection slot no longer."""
+        self._hello_timer = None
+        if not self.greeted and self.transport is not None:
+            self.service.note("connections closed without a HELLO", f"{self.peer}")
+            self._unreserve()
+            self._close()
 
     def _peer(self, transport: asyncio.BaseTransport) -> Any:
         """Who is at the other end: the remote address over TCP, the uid on the Unix
@@ -98,6 +121,9 @@ class Conn(asyncio.Protocol):
         return name[0] if isinstance(name, tuple) and name else name
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
         if self._raw is not None:
             self._raw.close()
             self._raw = None
@@ -167,7 +193,7 @@ class Conn(asyncio.Protocol):
             if len(buf) < hdr:
                 return
             body_len, op_raw, req_id = wire.REQ_HDR.unpack_from(buf)
-            if body_len > wire.max_request(op_raw):
+            if body_len > (wire.max_request(op_raw) if self.greeted else wire.MAX_HELLO):
                 # the framing cannot be trusted past this: answer and close, unread
                 self.service.note("oversized frames refused", f"{self.peer}: {body_len} bytes")
                 self._fatal(req_id, ProtocolError(f"request of {body_len} bytes is too large"))
@@ -207,7 +233,24 @@ class Conn(asyncio.Protocol):
                     self.service.note("HELLOs of another version refused", f"{self.peer}: {refusal.message}")  # fmt: skip
                     self._send_error(req_id, refusal)
                     continue
+                try:
+                    self.claims = self.service.authenticate(req, self.peer)
+                except Unauthenticated as exc:
+                    self._fatal(req_id, exc)  # before any work: answer and close
+                    return
                 self.greeted = True
+                if self._hello_timer is not None:
+                    self._hello_timer.cancel()
+                    self._hello_timer = None
+            elif self.claims is not None:
+                try:
+                    self.service.admit_request(self.claims, req, self.peer)
+                except Unauthenticated as exc:
+                    self._fatal(req_id, exc)  # expired while connected
+                    return
+                except ShoalError as exc:
+                    self._send_error(req_id, exc)
+                    continue
             t0 = time.perf_counter()
             try:
                 reply = self.service.try_fast(req, self.local)

@@ -10,6 +10,10 @@ keeps what is cached: a small file is stored whole, the same in every layout whe
 small, and stays valid; a stored page of another geometry (a large file cached under the
 old page size) is a miss here (``fits``) and is replaced when the file is fetched again,
 so the old layout simply ages out and nothing is refetched up front.
+
+A miss asks the file's previous owners first (``peers``, set by the worker: see
+:mod:`shoal.worker.peers`): after the ring moved, a new owner gets the moved files from
+the worker that cached them, checked, instead of from under storage.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
 from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion
 from shoal.store.base import CacheStore, Location, PutMeta
 from shoal.worker.datasets import DatasetTable
+from shoal.worker.peers import Peers
 
 log = logging.getLogger("shoal.worker.loader")
 
@@ -86,6 +91,11 @@ class Loader:
         self._background: set[asyncio.Task[None]] = set()
         #: under-storage GETs issued (for tests and metrics)
         self.ufs_gets = 0
+        #: previous owners to ask on a miss before under storage (None: ask nobody)
+        self.peers: Peers | None = None
+        #: files (their first page) and bytes that came from previous owners
+        self.moved_files = 0
+        self.moved_bytes = 0
 
     # -- metadata -------------------------------------------------------------------
 
@@ -213,6 +223,12 @@ class Loader:
 
         async def fetch() -> tuple[FileInfo, bytes | None]:
             _, ufs, rel = self.table.resolve(ds.name, path)
+            moved = await self._from_peer(ds, path, None, 0)
+            if moved is not None:
+                info, data = moved
+                self._remember(ds, path, info)
+                self._put(ds, info, FileKey(ds.name, path, info.version).page(0), data)
+                return info, data
             async with self._slot():
                 self.ufs_gets += 1
                 info, data = await ufs.read_head(rel, ds.policy.page_size)
@@ -321,6 +337,10 @@ class Loader:
             _, ufs, rel = self.table.resolve(ds.name, info.path)
             ps = ds.policy.page_size
             start = index * ps
+            moved = await self._from_peer(ds, info.path, info.version, index)
+            if moved is not None:
+                self._put(ds, info, key, moved[1])
+                return self.located(ds, info, index) or moved[1]
             async with self._slot():
                 self.ufs_gets += 1
                 try:
@@ -341,6 +361,22 @@ class Loader:
         # one fetch per page *of a layout*: a fetch begun under the old page size must
         # not answer a reader of the new one
         return await self._pages.do((key, ds.policy.page_size), fetch)
+
+    async def _from_peer(
+        self, ds: Dataset, path: str, version: str | None, index: int
+    ) -> tuple[FileInfo, bytes] | None:
+        """Page ``index`` from a previous owner of the file, if one has it."""
+        if self.peers is None:
+            return None
+        got = await self.peers.page(ds, path, version, index)
+        if got is None:
+            return None
+        info, data = got
+        info = replace(info, path=path)
+        if index == 0:
+            self.moved_files += 1
+        self.moved_bytes += len(data)
+        return info, data
 
     async def load(
         self, dataset: str, path: str, size: int, version: str, verify: bool

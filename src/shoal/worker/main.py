@@ -22,15 +22,18 @@ import aiohttp
 from aiohttp import web
 
 import shoal
-from shoal.config import WorkerSettings
+from shoal.config import WorkerSettings, cluster_secret, tls_ca_for, worker_secret
+from shoal.core.tls import client_context, server_context
 from shoal.core.types import Dataset
 from shoal.errors import InvalidArgument, ShoalError
-from shoal.proto import control
+from shoal.proto import control, wire
 from shoal.proto.master_api import MasterAPI
 from shoal.store.tiered import TieredStore
 from shoal.worker import metrics
 from shoal.worker.datasets import DatasetTable
+from shoal.worker.drain import Elastic
 from shoal.worker.loader import Loader
+from shoal.worker.peers import Peers
 from shoal.worker.server import Conn, DataService
 from shoal.worker.stats import Stats
 from shoal.worker.tasks import TaskRunner
@@ -128,10 +131,15 @@ class Worker:
         self.uds = _uds_path(settings, self.work_dir, self.id)
         self.port = 0
         self.metrics_port = 0
+        self.tls = False
         self._servers: list[asyncio.AbstractServer] = []
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self.master = MasterAPI(settings.master, self._session)
+        # moved files come from their previous owners (shoal.worker.peers, .drain)
+        self.peers = Peers(self.id, self.master.token)
+        self.loader.peers = self.peers
+        self.elastic = Elastic(self.id, self.master, self.loader, self.peers)
         self._tasks: list[asyncio.Task[None]] = []
         self.registered = asyncio.Event()
         self.runner: TaskRunner | None = None
@@ -141,10 +149,37 @@ class Worker:
 
     # -- lifecycle ------------------------------------------------------------------
 
+    async def _check_tokens(self) -> None:
+        """Take the cluster secret clients' tokens are checked with (shoal.config.
+        worker_secret: refuses to start without one in a cluster with auth)."""
+        s = self.settings
+        master_auth: bool | None = None
+        if not s.no_auth and cluster_secret(s.secret_file) is None:
+            try:  # does this cluster use tokens? (not reachable: judge by our own token)
+                async with aiohttp.ClientSession() as http, asyncio.timeout(3):
+                    health = await MasterAPI(s.master, lambda: http).health()
+                    master_auth = bool(health.get("auth"))
+            except (ShoalError, OSError, TimeoutError):
+                pass
+        self.service.secret = worker_secret(s, self.master.token is not None, master_auth)
+        if self.service.secret is None:
+            log.warning("data path open: clients' tokens are not checked (no cluster secret)")
+
     async def start(self) -> None:
+        await self._check_tokens()
         loop = asyncio.get_running_loop()
         s = self.settings
-        tcp = await loop.create_server(lambda: Conn(self.service, False), s.host, s.port)
+        tls = server_context(s.tls_cert, s.tls_key, "worker: ")
+        self.tls = tls is not None
+        if self.tls:  # peers speak TLS too: trust the cluster's CA (else our own cert)
+            self.peers.ssl = client_context(tls_ca_for(None) or s.tls_cert)
+        tcp = await loop.create_server(
+            lambda: Conn(self.service, False),
+            s.host,
+            s.port,
+            ssl=tls,
+            ssl_handshake_timeout=wire.HELLO_TIMEOUT if tls is not None else None,
+        )
         self.port = tcp.sockets[0].getsockname()[1]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.uds)
@@ -172,7 +207,7 @@ class Worker:
             lambda: self._refresh_datasets(self.table.generation),
         )
         self._tasks.append(loop.create_task(self.runner.run()))
-        log.info("worker %s serving on %s:%d and %s", self.id, s.host, self.port, self.uds)
+        log.info("worker %s serving on %s:%d%s and %s", self.id, s.host, self.port, " (TLS)" if self.tls else "", self.uds)  # fmt: skip
 
     def _session(self) -> aiohttp.ClientSession:
         assert self._http is not None
@@ -191,6 +226,7 @@ class Worker:
         if self._http is not None:
             await self._http.close()
         await self.loader.close()
+        await self.elastic.close()
         await self.table.close()
         self.store.close()
         with contextlib.suppress(FileNotFoundError):
@@ -205,6 +241,8 @@ class Worker:
             "uds": self.uds,
             "node": self.settings.node,
             "metrics_port": self.metrics_port,
+            # its TCP port speaks TLS (clients need the CA: ClientSettings.tls_ca)
+            "tls": self.tls,
         }
 
     # -- master ---------------------------------------------------------------------
@@ -300,6 +338,7 @@ class Worker:
                 gen = int(reply.get("datasets_generation", -1))
                 if gen != self.table.generation:
                     await self._refresh_datasets(gen)
+                await self.elastic.after_heartbeat(reply)
                 self.registered.set()
             except (ShoalError, OSError) as exc:
                 log.warning("master call failed (%s); serving on with known datasets", exc)
@@ -341,6 +380,7 @@ class Worker:
             "corrupt_pages": usage.corrupt_pages,
             "refused_drops": self.stats.refused_drops,
             "ufs_requests": self.loader.ufs_gets,
+            **self.elastic.stats(),
             "version": shoal.__version__,
             "uptime_s": round(time.monotonic() - self._started, 1),
         }
@@ -353,7 +393,15 @@ class Worker:
         return web.json_response({"ok": True, **self.address()})
 
 
-async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
+async def serve(
+    settings: WorkerSettings,
+    stop: asyncio.Event,
+    drain: asyncio.Event | None = None,
+    drain_timeout: float = 0.0,
+) -> None:
+    """Serve until ``stop``, or until drained and gone (``shoal worker drain``); a set
+    ``drain`` (SIGTERM with a drain timeout) first hands the cached files over, for at
+    most ``drain_timeout`` seconds (shoal.worker.drain)."""
     worker = Worker(settings)
     await worker.start()
     if settings.url_file:
@@ -362,20 +410,43 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
             json.dump(worker.address(), f)
         os.replace(tmp, settings.url_file)
     try:
-        await stop.wait()
+        # until told to stop, or drained and gone from the cluster (shoal worker drain)
+        events = (stop, worker.elastic.left, *((drain,) if drain is not None else ()))
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if (
+            drain is not None
+            and drain.is_set()
+            and not (stop.is_set() or worker.elastic.left.is_set())
+        ):
+            await worker.elastic.drain_self(worker._key, drain_timeout, stop)
     finally:
         await worker.stop()
 
 
-def run_worker(settings: WorkerSettings) -> None:
-    """Run a worker until SIGTERM or SIGINT."""
+def run_worker(settings: WorkerSettings, drain_timeout: float = 0.0) -> None:
+    """Run a worker until SIGTERM or SIGINT. With ``drain_timeout`` > 0 a SIGTERM first
+    hands the worker's cached files to their next owners (at most that many seconds;
+    a second SIGTERM, or SIGINT, stops at once)."""
     import uvloop
 
     async def main() -> None:
         stop = asyncio.Event()
+        drain = asyncio.Event() if drain_timeout > 0 else None
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(settings, stop)
+
+        def term() -> None:
+            if drain is None or drain.is_set():
+                stop.set()
+            else:
+                drain.set()
+
+        loop.add_signal_handler(signal.SIGTERM, term)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        await serve(settings, stop, drain, drain_timeout)
 
     uvloop.run(main())

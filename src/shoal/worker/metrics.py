@@ -28,6 +28,7 @@ from shoal.core.metric_names import (
     Buckets,
     family,
 )
+from shoal.core.tokens import REASONS
 from shoal.ufs.errors import RETRIES
 
 #: the families built from the heartbeat snapshot
@@ -112,6 +113,13 @@ def _service_metrics(service: Any) -> Iterator[Metric]:
     buffered.add_metric([], service.buffered)
     yield conns
     yield buffered
+    checks, refusals = family("shoal_worker_auth_checks_total"), family("shoal_worker_auth_refusals_total")  # fmt: skip
+    checks.add_metric([], getattr(service, "auth_checks", 0))
+    refused = getattr(service, "auth_refusals", {})
+    for why in REASONS:
+        refusals.add_metric([why], refused.get(why, 0))
+    yield checks
+    yield refusals
     latency = family("shoal_read_seconds")
     timings = getattr(service, "latency", None)
     if isinstance(timings, ReadLatency):

@@ -19,6 +19,14 @@ are decoded. A malformed frame whose length is known gets the protocol error and
 connection goes on; one that breaks the framing gets the error and a close. Refusals
 are logged aggregated (one line per interval with a count), never a traceback per
 frame. A ``DROP`` is honoured only if the worker's own check of the page fails.
+
+Authentication (issue 13): with the cluster secret, :meth:`DataService.authenticate`
+verifies the token of each connection's HELLO once (shoal.core.tokens) and the
+connection keeps the claims; :meth:`DataService.admit_request` checks each request's
+dataset against them (a set lookup) before any work, on both sockets. Refusals are
+counted by reason (``shoal_worker_auth_refusals_total``) and logged aggregated with the
+reason and the name the token claims, never the token; ``auth_checks`` counts the
+tokens verified (one per connection).
 """
 
 from __future__ import annotations
@@ -27,10 +35,19 @@ import asyncio
 import logging
 import resource
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from shoal.errors import DatasetNotFound, ProtocolError, ShoalError, StaleLayout
+from shoal.core.tokens import DATASET, MISSING, Claims, claimed_name, reason, verify
+from shoal.errors import (
+    DatasetNotFound,
+    PermissionDenied,
+    ProtocolError,
+    ShoalError,
+    StaleLayout,
+    Unauthenticated,
+)
 from shoal.proto import wire
 from shoal.proto.messages import (
     AnyRequest,
@@ -69,6 +86,11 @@ _CATCH_UP_TRIES = 3
 _REFRESH_PAUSE = 0.2
 _GIVE_UP_FOR = 2.0
 _MISS = LocateReply(miss=True)
+#: what a refused client is told to pass (the master says the same)
+WHAT_TO_PASS = (
+    "set SHOAL_TOKEN or SHOAL_TOKEN_FILE (shoal up writes one), "
+    "or ask an admin for one (shoal token create)"
+)
 
 __all__ = ["DATASET_LOCATE_MAX", "Answer", "Conn", "DataService"]
 
@@ -97,7 +119,19 @@ def _generation(req: DataRequest) -> int | None:
 class DataService:
     """What the data path can do; connection handling lives in :class:`Conn`."""
 
-    def __init__(self, loader: Loader, stats: Stats, worker_id: str, node: str) -> None:
+    def __init__(
+        self,
+        loader: Loader,
+        stats: Stats,
+        worker_id: str,
+        node: str,
+        secret: bytes | None = None,
+    ) -> None:
+        #: the cluster secret tokens are checked with; None: every connection is served
+        self.secret = secret
+        #: tokens verified (one per connection's HELLO), refusals by reason
+        self.auth_checks = 0
+        self.auth_refusals: Counter[str] = Counter()
         self.loader = loader
         self.stats = stats
         #: shoal_read_seconds: read latency by op and source (worker/metrics.py)
@@ -140,6 +174,45 @@ class DataService:
 
     def hello(self) -> HelloReply:
         return HelloReply(wire.VERSION, self.worker_id, self.node, self.epoch)
+
+    # -- authentication -----------------------------------------------------------------
+
+    def authenticate(self, hello: HelloRequest, peer: Any) -> Claims | None:
+        """The claims of a HELLO's token (None: this worker checks no tokens); for a
+        missing, forged, expired or malformed one, Unauthenticated saying what to pass,
+        counted and logged (the reason and the name the token claims, never the token)."""
+        secret = self.secret
+        if secret is None:
+            return None
+        token = hello.token
+        if not token:
+            self._refused(MISSING, f"{peer}: no token")
+            raise Unauthenticated(f"worker {self.worker_id} requires a token: {WHAT_TO_PASS}")
+        self.auth_checks += 1
+        try:
+            return verify(secret, token)
+        except Unauthenticated as exc:
+            self._refused(reason(exc), f"{peer}: {exc.message} (sub {claimed_name(token)})")
+            raise Unauthenticated(
+                f"worker {self.worker_id} refused the token: {exc.message}: {WHAT_TO_PASS}"
+            ) from None
+
+    def admit_request(self, claims: Claims, req: DataRequest, peer: Any) -> None:
+        """Raise unless ``claims`` (a connection's) grant ``req``: its dataset, and a
+        token still within its lifetime. Every role may read data (admin, worker: peers
+        read pages from each other; reader), a reader token scoped to datasets only
+        those."""
+        ds = claims.datasets
+        if ds is not None and req.dataset not in ds:
+            self._refused(DATASET, f"{peer}: {req.OP.name} of dataset {req.dataset!r} with token {claims.name!r}")  # fmt: skip
+            raise PermissionDenied(f"token {claims.name!r} does not grant dataset {req.dataset!r}")
+        if claims.expires is not None and time.time() >= claims.expires:
+            self._refused("expired", f"{peer}: token {claims.name!r} expired on a connection")
+            raise Unauthenticated(f"worker {self.worker_id}: token expired: {WHAT_TO_PASS}")
+
+    def _refused(self, why: str, detail: str) -> None:
+        self.auth_refusals[why] += 1
+        self.note(f"connections or requests refused for their token ({why})", detail)
 
     # -- connections ------------------------------------------------------------------
 

@@ -219,6 +219,10 @@ class TaskRunner:
         async def reporter() -> None:
             while True:
                 await asyncio.sleep(REPORT_EVERY)
+                # what a report counts done must be in the index a restart reads: a
+                # worker killed right after it would otherwise come back without files
+                # the master will not plan again (no await between this and the counts)
+                self.loader.store.flush()
                 if await att.send(total):
                     stop.set()
 

@@ -1,0 +1,177 @@
+"""TLS (issue 13 item 3, optional part) against a real cluster: the master serves
+https (``--tls-cert/--tls-key``), the workers speak TLS on their TCP port (the Unix
+socket stays plain), tokens on as ``shoal up`` has them. A client given the CA
+(``ClientSettings(tls_ca=...)``, ``SHOAL_TLS_CA``) reads byte-exact over TCP (small
+files and a large one: no sendfile through TLS) and through the short circuit; a
+client without the CA, or with another one, is refused with a one-line error."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.client.conn import Pool
+from shoal.core.tls import TLSRefused
+from shoal.errors import Unauthenticated
+from shoal.proto.messages import ReadRequest
+from shoal.testing.cli import assert_one_line_error, cli_env, run_cli
+from shoal.testing.cluster import S3_ENV, TestCluster, sample_files
+from shoal.testing.s3 import MotoServer, make_bucket
+
+pytestmark = pytest.mark.integration
+
+FILES = sample_files(10, 100, 5000, seed=141)
+BIG = os.urandom(5 << 20)  # several pages: many pieces through the TLS writes
+
+
+def make_cert(dir: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    dir.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = dir / f"{name}.pem", dir / f"{name}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    os.chmod(key_file, 0o600)
+    return cert_file, key_file
+
+
+class TLSCluster(TestCluster):
+    """A test cluster whose master and workers are started with --tls-cert/--tls-key."""
+
+    __test__ = False
+    tls_args: list[str] = []
+
+    def command(self, name: str, args: list[str]) -> list[str]:
+        argv = super().command(name, args)
+        if args and args[0] in ("master", "worker"):
+            argv += self.tls_args
+        return argv
+
+
+@pytest.fixture(scope="module")
+def tls(
+    tmp_path_factory: pytest.TempPathFactory, moto: MotoServer
+) -> Iterator[tuple[TLSCluster, Path]]:
+    base = tmp_path_factory.mktemp("tls")
+    cert, key = make_cert(base / "pki", "cluster")
+    env = {**S3_ENV, "SHOAL_TLS_CA": str(cert)}
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHOAL_TLS_CA", str(cert))  # this process's harness calls (the ring)
+    c = TLSCluster(base / "c", workers=2, env=env, auth=True)
+    c.tls_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    try:
+        c.start()
+        make_bucket(moto.endpoint, "tls-bucket", {**FILES, "big/one.bin": BIG})
+        c.s3_dataset("tls-bucket", moto.endpoint, {"staleness": "never"})
+        yield c, cert
+    finally:
+        c.stop()
+        mp.undo()
+
+
+def test_the_cluster_speaks_tls_and_reads_are_byte_exact(
+    tls: tuple[TLSCluster, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, cert = tls
+    assert c.master_url.startswith("https://")
+    for i in range(c.workers):
+        info = json.loads((c.worker_dir(i) / "worker.json").read_text())
+        assert info["tls"] is True
+    monkeypatch.delenv("SHOAL_TLS_CA")
+    for short in (False, True):  # TCP through TLS; the short circuit (plain Unix socket)
+        with c.client(tls_ca=str(cert), short_circuit=short, ufs_fallback=False) as cl:
+            for k, v in FILES.items():
+                assert cl.read(f"/ds/data/{k}") == v
+            assert cl.read("/ds/data/big/one.bin") == BIG  # cold, then warm below
+            assert cl.read("/ds/data/big/one.bin") == BIG
+            assert (
+                cl.read("/ds/data/big/one.bin", offset=(1 << 20) + 7, length=999_999)
+                == (BIG[(1 << 20) + 7 : (1 << 20) + 7 + 999_999])
+            )
+        if not short:  # the bytes went over the workers' TCP ports, i.e. through TLS
+            assert _remote_bytes(c) >= len(BIG)  # the warm read at least (cold: "ufs")
+
+
+def _remote_bytes(c: TLSCluster) -> float:
+    """Bytes the workers served from cache over TCP (shoal_read_bytes_total remote)."""
+    import urllib.request
+
+    total = 0.0
+    for i in range(c.workers):
+        info = json.loads((c.worker_dir(i) / "worker.json").read_text())
+        url = f"http://{info['host']}:{info['metrics_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("shoal_read_bytes_total{") and 'source="remote"' in line:
+                    total += float(line.split()[-1])
+    return total
+
+
+def test_a_client_without_the_ca_is_refused_in_one_line(
+    tls: tuple[TLSCluster, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, _cert = tls
+    monkeypatch.delenv("SHOAL_TLS_CA")
+    other, _ = make_cert(tmp_path / "other", "other")
+    info = json.loads((c.worker_dir(0) / "worker.json").read_text())
+    addr = (info["host"], int(info["port"]))
+    token = c.admin_token_file.read_text().strip()
+
+    async def read(ca: Path | None) -> bytes:
+        from shoal.core.tls import client_context
+
+        pool = Pool(addr, 1, 10.0, token=token, tls=client_context(str(ca) if ca else None))
+        try:
+            return (await pool.call(ReadRequest("ds", "data/" + next(iter(FILES)), 0, -1))).data
+        finally:
+            pool.close()
+
+    for ca, words in ((None, "speaks TLS and this client does not"), (other, "not trusted")):
+        with pytest.raises(TLSRefused) as exc:
+            asyncio.run(read(ca))
+        msg = str(exc.value)
+        assert words in msg and "SHOAL_TLS_CA" in msg and "\n" not in msg
+        assert isinstance(exc.value, Unauthenticated)  # never a reason to fall back
+
+    # the CLI against the https master, without the CA: one line saying what to pass
+    env = cli_env(c.master_url, SHOAL_HOME=str(tmp_path / "home"), SHOAL_TOKEN=token)
+    env.pop("SHOAL_TLS_CA", None)
+    r = run_cli("dataset", "ls", env=env)
+    assert_one_line_error(r, 2, "not trusted", "SHOAL_TLS_CA")
+    r = run_cli("dataset", "ls", env=dict(env, SHOAL_TLS_CA=str(_cert)))
+    assert r.returncode == 0, r.stderr
