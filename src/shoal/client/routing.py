@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from shoal.client.cache import ClientCache, WorkerAddr
 from shoal.client.conn import Pool, R, Response, TimedOut
@@ -24,8 +23,7 @@ from shoal.core.ring import Ring
 from shoal.core.tls import client_context
 from shoal.core.types import Dataset, NsPath, split_path
 from shoal.errors import ShoalError, Unavailable
-from shoal.proto.messages import REQUESTS, Request
-from shoal.proto.wire import Op
+from shoal.proto.messages import Request
 
 log = logging.getLogger("shoal.client")
 
@@ -174,13 +172,6 @@ class Routing(HitBook):
                 client_context(tls_ca_for(self.settings.tls_ca)),
             )
         return pool
-
-    async def _call(
-        self, w: WorkerAddr, op: Op, args: list[Any], want_fds: bool = False
-    ) -> Response:
-        """HitBook's untyped call (TOUCH and DROP in shoal.client.hits): the fields are
-        checked and sent as the op's typed request."""
-        return await self._send(w, REQUESTS[op].decode(args), want_fds)
 
     async def _send(self, w: WorkerAddr, req: Request[R], want_fds: bool = False) -> Response[R]:
         local = self.is_local(w)
