@@ -92,6 +92,14 @@ class DiskTierModel(RuleBasedStateMachine):
         for fk in self.pinned:
             assert self.tier.contains(fk.page(0))
 
+    @invariant()
+    def dataset_bytes_add_up(self) -> None:
+        # the heartbeat's per-dataset bytes are a running count: it must equal the sum
+        cat = self.tier._cat
+        for ds, files in cat.datasets.items():
+            assert cat.dataset_bytes.get(ds, 0) == sum(st.bytes for st in files.values())
+        assert set(cat.dataset_bytes) <= set(cat.datasets)
+
 
 DiskTierModel.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
 TestDiskTierModel = DiskTierModel.TestCase

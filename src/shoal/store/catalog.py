@@ -59,6 +59,9 @@ class Catalog:
         self.pages: dict[PageKey, PageEntry] = {}
         self.files: dict[FileKey, FileState] = {}
         self.datasets: dict[str, dict[FileKey, FileState]] = {}
+        #: bytes stored per dataset, kept as pages come and go (by_dataset is O(datasets)
+        #: for the heartbeat, not O(files): a scan of every file each second stalled the loop)
+        self.dataset_bytes: dict[str, int] = {}
         #: (dataset, path) -> cached versions of that file
         self.by_path: dict[tuple[str, str], set[str]] = {}
         #: (dataset, directory) -> paths of the files cached in it
@@ -129,6 +132,8 @@ class Catalog:
         self.pages[key] = e
         st.pages.add(key.index)
         st.bytes += e.length
+        ds = key.file.dataset
+        self.dataset_bytes[ds] = self.dataset_bytes.get(ds, 0) + e.length
         if e.pinned:
             self.pin(key.file, st)
         if e.expires_at and (not st.expires_at or e.expires_at < st.expires_at):
@@ -152,6 +157,9 @@ class Catalog:
         del ds[fk]
         if not ds:
             del self.datasets[fk.dataset]
+            self.dataset_bytes.pop(fk.dataset, None)
+        else:
+            self.dataset_bytes[fk.dataset] -= st.bytes
         vs = self.by_path.get((fk.dataset, fk.path))
         if vs is not None:
             vs.discard(fk.version)
@@ -187,6 +195,7 @@ class Catalog:
         self.index.delete_page(key)
         st.pages.discard(key.index)
         st.bytes -= e.length
+        self.dataset_bytes[key.file.dataset] -= e.length
         self.large_bytes -= e.length
 
     def pop_expired(self, now: float) -> list[FileKey]:
@@ -201,7 +210,7 @@ class Catalog:
 
     def by_dataset(self) -> dict[str, DatasetUsage]:
         return {
-            ds: DatasetUsage(len(files), sum(st.bytes for st in files.values()))
+            ds: DatasetUsage(len(files), self.dataset_bytes.get(ds, 0))
             for ds, files in self.datasets.items()
         }
 
