@@ -23,7 +23,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contender", action="append", default=[], help="only these (repeat)")
     p.add_argument("--workload", action="append", default=[],
                    help="only these: small, mix, large, meta, train, parquet, load, manifest, "
-                        "gateway (repeat)")  # fmt: skip
+                        "gateway, latency, remote (repeat; remote runs on namespaced hosts of its own)")  # fmt: skip
+    p.add_argument("--tls", action="store_true", help="remote: also against a worker over TLS")
     p.add_argument("--procs", type=int, help="N reader processes")
     p.add_argument("--small-files", type=int)
     p.add_argument("--mix-files", type=int)
@@ -77,9 +78,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"shoal bench: --parquet-mb: {exc}", file=sys.stderr)
             return 2
-    cfg = Config.make(args.quick, **kw)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else (
         lambda s: print(s, flush=True))  # fmt: skip
+    if "remote" in args.workload:
+        _remote(args, say)
+        kw["workloads"] = [w for w in args.workload if w != "remote"]
+        if not kw["workloads"]:
+            return 0
+    cfg = Config.make(args.quick, **kw)
     rep = Suite(cfg, say).run()
     if not args.no_report:
         report.write(rep, args.output, args.charts)
@@ -93,6 +99,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
             r = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
             print(f"{met:6} {r:>6} (goal {t['goal']}) {t['target']}")
     return 0
+
+
+def _remote(args: argparse.Namespace, say: Any) -> None:
+    """The remote workload (its own namespaced cluster): its section of the report."""
+    from shoal.bench import remote
+
+    kw: dict[str, Any] = {"tls": args.tls}
+    if args.small_files is not None:
+        kw["small_files"] = args.small_files
+    if args.large_mib is not None:
+        kw["large_size"] = args.large_mib << 20
+    res = remote.run(remote.RemoteConfig.make(args.quick, **kw), say)
+    if "skipped" in res:
+        say(f"remote: skipped: {res['skipped']}")
+        return
+    if not args.no_report:
+        remote.write_section(args.output, remote.markdown(res))
+    for t in res["targets"]:
+        met = "n/a" if t["met"] is None else ("MET" if t["met"] else "MISSED")
+        r = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
+        say(f"{met:6} {r:>6} (goal {t['goal']}) {t['target']}")
 
 
 def main(argv: list[str] | None = None) -> int:

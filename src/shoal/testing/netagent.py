@@ -122,11 +122,21 @@ class _AgentState:
         return {"files": len(files), "bytes": sum(map(len, files.values()))}
 
     def op_create_dataset(
-        self, name: str, bucket: str, endpoint: str, options: dict[str, str] | None = None
+        self,
+        name: str,
+        bucket: str = "",
+        endpoint: str = "",
+        options: dict[str, str] | None = None,
+        url: str = "",
     ) -> dict[str, Any]:
+        """Dataset ``name`` over bucket ``bucket`` of the store at ``endpoint``, or over
+        ``url`` (a file:// directory every host sees: the namespaces share one disk)."""
         from shoal.core.types import Mount
 
-        mount = Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint})
+        if url:
+            mount = Mount("data", url, {})
+        else:
+            mount = Mount("data", f"s3://{bucket}", {"endpoint_url": endpoint})
         ds = self.client.create_dataset(name, [mount], options)
         return {"name": ds.name}
 

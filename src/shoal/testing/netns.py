@@ -288,6 +288,8 @@ class NetnsCluster(TestCluster):
     net: Network | None = None
     #: the agent the harness uses for its own HTTP checks (the ring)
     ctl: HostAgent | None = None
+    #: extra flags by role ("master", "worker"), e.g. ``--tls-cert F --tls-key F``
+    role_args: dict[str, list[str]] = field(default_factory=dict)
 
     def _host_of(self, name: str) -> str:
         return name.replace("-", "") if name.startswith("worker-") else name
@@ -299,6 +301,8 @@ class NetnsCluster(TestCluster):
         argv = super().command(name, args)
         if h.role == "worker":
             argv += ["--host", h.addr, "--node", h.node]  # the last --host wins
+        if args and args[0] in ("master", "worker"):
+            argv += self.role_args.get(args[0], [])
         return self.net.plan.exec_argv(host, argv)
 
     def wait_ring(self, n: int, timeout: float = 30.0) -> None:
