@@ -13,6 +13,7 @@ import os
 from shoal.client.aio import AsyncClient
 from shoal.core.types import FileInfo
 from shoal.fuse import protocol as p
+from shoal.fuse.ahead import Ahead
 from shoal.fuse.nodes import Node, Reply, Result, Stats
 
 
@@ -20,6 +21,7 @@ class DirectoryOps:
     """The directory half of the handlers; the inode table is the FileSystem's."""
 
     client: AsyncClient
+    ahead: Ahead
     stats: Stats
     only: set[str] | None
     started: float
@@ -64,7 +66,9 @@ class DirectoryOps:
             ds = await self.client.dataset(n.ds)
             return [FileInfo(m.name, 0, "", self.started, True) for m in ds.mounts]
         out = []
-        for e in await self.client.ls(n.path):
+        listed = await self.client.ls(n.path)
+        self.ahead.listed(n.path)  # its files' lookups need no listing of their own
+        for e in listed:
             name = e.path.rsplit("/", 1)[1]
             e = self.with_link(n.ds, n.key + "/" + name, e)
             out.append(FileInfo(name, e.size, e.version, e.mtime, e.is_dir, e.mtime_ns, e.link))

@@ -22,9 +22,13 @@ TOP_TTL = 5.0
 BLKSIZE = 1 << 20
 #: seconds an open waits for the local worker to hold a large file whole (passthrough)
 PASSTHROUGH_WAIT = 3.0
-#: passthrough registrations kept; beyond this the idle ones (kept after their last
-#: release for the next open) are dropped, as each holds its data file open
-MAX_BACKING = 64
+#: passthrough registrations held; beyond this the idle ones (kept after their last
+#: release for the next open) are dropped, least recently used first, as each holds
+#: its data file open
+MAX_BACKING = 4096
+#: bytes of data files the idle registrations may hold (space the worker cannot free
+#: while they are held, once it evicted them)
+MAX_IDLE_BYTES = 32 << 30
 #: negative entries remembered (to invalidate after a sync); beyond, they get TOP_TTL
 MAX_NEGATIVE = 65536
 

@@ -25,13 +25,12 @@ from shoal.client.aio import AsyncClient, read_located
 from shoal.core.types import NEVER, Dataset, FileInfo
 from shoal.errors import NotFound, UserError
 from shoal.fuse import protocol as p
+from shoal.fuse.ahead import Ahead
 from shoal.fuse.dirs import DirectoryOps
 from shoal.fuse.nodes import (
     BLKSIZE,
     FOREVER,
-    MAX_BACKING,
     MAX_NEGATIVE,
-    PASSTHROUGH_WAIT,
     TOP_TTL,
     Handler,
     Node,
@@ -42,6 +41,7 @@ from shoal.fuse.nodes import (
     readlink,
     version_mtime_ns,
 )
+from shoal.fuse.passthrough import PassthroughOps
 
 log = logging.getLogger("shoal.fuse.ops")
 
@@ -49,7 +49,7 @@ log = logging.getLogger("shoal.fuse.ops")
 STAT_PARALLELISM = 32
 
 
-class FileSystem(DirectoryOps):
+class FileSystem(DirectoryOps, PassthroughOps):
     """Handlers for one mount. ``backing_open``/``backing_close`` are the passthrough
     ioctls (None when the kernel did not grant passthrough)."""
 
@@ -71,12 +71,15 @@ class FileSystem(DirectoryOps):
         self._next_fh = 1
         self.backing_open: Callable[[int], int] | None = None
         self.backing_close: Callable[[int], None] | None = None
+        self._idle: OrderedDict[int, tuple[Node, int]] = OrderedDict()
+        self._idle_bytes = 0
         #: writes FUSE notifications to the kernel (set by the daemon)
         self.notify: Callable[[list[bytes]], Coroutine[Any, Any, None]] | None = None
         #: negative entries handed out inside datasets: (parent ino, name) -> dataset
         self.negative: OrderedDict[tuple[int, str], str] = OrderedDict()
         self._notifying: set[asyncio.Task[None]] = set()
         self.stats = Stats()
+        self.ahead = Ahead(client, self.stats)
         root = Node(p.ROOT_ID, "/", "", "", True, mtime_ns=self.started_ns, nlookup=1 << 62)
         root.attr = self._attr(root)
         self.nodes[root.ino] = root
@@ -210,23 +213,34 @@ class FileSystem(DirectoryOps):
         if n is not None and self._fresh(n):
             return self._entry(n)
         if parent.key:  # inside a mount: the client may hold the metadata already
-            ds = self._dataset(parent.ds)
-            info = self.cache.info(ds, parent.key + "/" + name) if ds is not None else None
-            if info is not None and (
-                info.mtime_ns or info.is_dir or version_mtime_ns(info.size, info.version)
-            ):
-                return self._entry(self._child(parent, name, info))
-            if info is not None and ds is not None:
-                # held without an mtime (a read's or a locate's answer): the manifest's
-                # entry, else the file's metadata, rather than a made-up time
-                man = self.cache.manifests.get(ds.name)
-                e = man[1].get(info.path) if man is not None and man[0] == ds.manifest else None
-                if e is not None and e.version == info.version:
-                    return self._entry(self._child(parent, name, e.info()))
-                self.cache.forget(ds.name, info.path)
+            held = self._held(parent, name)
+            if held is not None:
+                return self._entry(held)
         return self._lookup(parent, name)
 
+    def _held(self, parent: Node, name: str) -> Node | None:
+        """The child from the metadata the client holds (within its bound), if any."""
+        ds = self._dataset(parent.ds)
+        info = self.cache.info(ds, parent.key + "/" + name) if ds is not None else None
+        if info is not None and (
+            info.mtime_ns or info.is_dir or version_mtime_ns(info.size, info.version)
+        ):
+            return self._child(parent, name, info)
+        if info is not None and ds is not None:
+            # held without an mtime (a read's or a locate's answer): the manifest's
+            # entry, else the file's metadata, rather than a made-up time
+            man = self.cache.manifests.get(ds.name)
+            e = man[1].get(info.path) if man is not None and man[0] == ds.manifest else None
+            if e is not None and e.version == info.version:
+                return self._child(parent, name, e.info())
+            self.cache.forget(ds.name, info.path)
+        return None
+
     async def _lookup(self, parent: Node, name: str) -> Reply:
+        if parent.key and await self.ahead.wait_listing(parent.path, self.ttl(parent)):
+            held = self._held(parent, name)  # the directory's listing answered for it
+            if held is not None:
+                return self._entry(held)
         self.stats.client_calls += 1
         info: FileInfo | None = None
         try:
@@ -307,11 +321,6 @@ class FileSystem(DirectoryOps):
                 return self._open_async(n, stat=False)
         return self._open_cached(n)
 
-    @staticmethod
-    def _backing_ok(n: Node) -> bool:
-        """A registered backing file that holds the node's current version."""
-        return bool(n.backing) and n.backing_version == n.version
-
     def _open_cached(self, n: Node) -> bytes:
         keep = n.kept_version in ("", n.version)
         n.kept_version = n.version
@@ -320,62 +329,6 @@ class FileSystem(DirectoryOps):
         flags = p.FOPEN_NOFLUSH | (p.FOPEN_KEEP_CACHE if keep else 0)
         return p.encode_open(0, flags)
 
-    def _open_passthrough(self, n: Node) -> bytes:
-        n.opens += 1
-        n.passthrough_opens += 1
-        self.stats.passthrough_opens += 1
-        return p.encode_open(1, p.FOPEN_PASSTHROUGH | p.FOPEN_NOFLUSH, n.backing)
-
-    async def _open_async(self, n: Node, stat: bool) -> Reply:
-        if stat:
-            await self._restat(n)
-        if self.backing_open is None or not self._large(n) or (n.opens and not n.backing):
-            return self._open_cached(n)
-        if self._backing_ok(n):
-            return self._open_passthrough(n)
-        if n.backing:  # an old version's, still open by passthrough: read via the daemon
-            return self._open_cached(n)
-        self.stats.client_calls += 1
-        try:
-            # cached only: an uncached file is read through the daemon (which caches it)
-            # instead of waiting for the worker to load all of it first
-            got = await asyncio.wait_for(
-                self.client.open_local(n.path, load=False), PASSTHROUGH_WAIT
-            )
-        except TimeoutError:
-            got = None
-        if got is None:
-            return self._open_cached(n)
-        fd, info = got
-        try:
-            if n.backing or n.opens or info.version != n.version:
-                return self._open_cached(n)  # raced with another open, or changed
-            if self.stats.backing_files >= MAX_BACKING:
-                for other in self.nodes.values():  # idle ones pin evicted files' space
-                    if other.passthrough_opens == 0:
-                        self._drop_backing(other)
-            n.backing = self.backing_open(fd)
-            n.backing_version = n.version
-            self.stats.backing_files += 1
-        except OSError as exc:
-            log.warning("passthrough refused for %s: %s", n.path, exc)
-            return self._open_cached(n)
-        finally:
-            os.close(fd)
-        return self._open_passthrough(n)
-
-    def _drop_backing(self, n: Node) -> None:
-        if not n.backing:
-            return
-        backing, n.backing = n.backing, 0
-        n.backing_version = ""
-        self.stats.backing_files -= 1
-        if self.backing_close is not None:
-            try:
-                self.backing_close(backing)
-            except OSError as exc:
-                log.warning("closing backing id %d failed: %s", backing, exc)
-
     def op_release(self, nodeid: int, body: memoryview) -> Result:
         fh = p.RELEASE_IN.unpack_from(body)[0]
         n = self.nodes.get(nodeid)
@@ -383,11 +336,7 @@ class FileSystem(DirectoryOps):
             return b""
         n.opens -= 1
         if fh == 1:
-            # the backing file stays registered for the next open of this version (one
-            # worker round trip and ioctl fewer); dropped on a new version or a forget
-            n.passthrough_opens -= 1
-            if n.passthrough_opens <= 0 and not self._backing_ok(n):
-                self._drop_backing(n)  # the version changed while it was open
+            self._release_passthrough(n)
             note = getattr(self.client, "note_local_read", None)
             if note is not None:
                 # the kernel read the worker's file itself: count it as a local hit (the
@@ -468,13 +417,3 @@ class FileSystem(DirectoryOps):
             }
         )
         return table
-
-    def close_backing(self) -> None:
-        """Drop every passthrough registration (on shutdown)."""
-        for n in self.nodes.values():
-            if n.backing and self.backing_close is not None:
-                try:
-                    self.backing_close(n.backing)
-                except OSError:
-                    pass
-                n.backing = 0

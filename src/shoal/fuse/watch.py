@@ -44,6 +44,7 @@ async def revalidate(fs: FileSystem, ds: Dataset | None, name: str) -> int:
     metadata and invalidate what changed in the kernel; returns the nodes invalidated.
     Raises on failures other than "gone", so that the round is retried (and the sync
     not acknowledged)."""
+    fs.ahead.forget_dataset(name)  # its directories are listed again when looked in
     nodes = [n for n in fs.nodes.values() if n.ds == name and n.key]
     sem = asyncio.Semaphore(STAT_PARALLELISM)
 
