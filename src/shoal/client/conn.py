@@ -18,8 +18,8 @@ to pass), raised as is: no other worker or under storage is tried for it.
 A request has one deadline (the pool's timeout) for all it does. One that takes longer
 than a thirtieth of it (at least ``PROBE_MIN``: 1 s by default) makes the pool ask the
 worker for a ``HELLO`` on a fresh connection (answered on the worker's event loop at
-once, however busy its fetches are): a worker that does not answer that within the
-same time is taken to be hung
+once, however busy its fetches are): a worker that does not answer ``PROBE_MISSES``
+such probes in a row, each within the same time, is taken to be hung
 (stopped, or its loop blocked) and the request fails with :class:`TimedOut` at once, so
 the caller fails over within seconds instead of waiting out the deadline; a live worker
 busy fetching keeps the request going (probed again every ``PROBE_EVERY``).
@@ -49,10 +49,13 @@ _MAX_BUF = 16 << 20
 _FD_ANC = socket.CMSG_SPACE(wire.MAX_FDS * array.array("i").itemsize)
 #: seconds a request runs before the worker's liveness is probed, and the probe's own
 #: timeout: a thirtieth of the request's deadline, at least PROBE_MIN (1 s for the
-#: default 30 s deadline: a hung worker is left within ~2 s)
+#: default 30 s deadline: a hung worker is left within ~3 s)
 PROBE_MIN = 1.0
 #: the pause between probes while a live worker is still at the request
 PROBE_EVERY = 2.0
+#: probes in a row without a HELLO before a worker is taken to be hung (one slow
+#: HELLO under load was seen to fail a stat through the mount)
+PROBE_MISSES = 2
 #: idle pooled connections older than this part of the worker's idle timeout are not
 #: reused (the worker may be closing them right now)
 _REUSE_FOR = 0.8 * wire.IDLE_TIMEOUT
@@ -473,6 +476,8 @@ class _Watch:
         self.cm = cm
         self.hung = False
         self.done = False
+        #: probes in a row the worker did not answer
+        self.misses = 0
         self.loop = asyncio.get_running_loop()
         self.task: asyncio.Task[None] | None = None
         self.handle = self.loop.call_later(pool.probe_after, self._start)
@@ -486,7 +491,12 @@ class _Watch:
         if self.done:
             return
         if alive:
+            self.misses = 0
             self.handle = self.loop.call_later(PROBE_EVERY, self._start)
+        elif self.misses + 1 < PROBE_MISSES:
+            # one slow HELLO is a loaded machine as often as a hung worker: ask again
+            self.misses += 1
+            self._start()
         else:
             self.hung = True
             self.cm.reschedule(self.loop.time())  # the request's deadline ends now
