@@ -26,6 +26,7 @@ from typing import Any
 import xxhash
 
 from shoal.client import batch
+from shoal.client.ahead import AHEAD, Ahead
 from shoal.client.cache import ClientCache, WorkerAddr
 from shoal.client.local import read_located, stat_path
 from shoal.client.routing import FAILOVER_LOG_EVERY, RING_RECHECK_EVERY, SUSPECT_FOR
@@ -56,6 +57,8 @@ class AsyncClient(ShortCircuit):
         self._ufs: dict[tuple[str, str], UnderStore] = {}
         #: directories being listed for stats that missed (see _stat_by_listing)
         self._listing: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: sequential readers over TCP (shoal.client.ahead)
+        self._ahead = Ahead(self.cache)
 
     # -- metadata -------------------------------------------------------------------
 
@@ -172,12 +175,46 @@ class AsyncClient(ShortCircuit):
             self._flush_touches_maybe()
             return fast
         await self._report_bad_pages()
+        ahead, key = self._ahead, np.key_path
+        got = ahead.take(ds, key, offset, length)
+        if got is not None:
+            return got
+        ask = length
+        if ahead.wanted(ds, key, offset, length) and not self._served_here(ds, key):
+            ask = AHEAD  # a sequential reader over TCP: one request for the next reads
+        ahead.begin(ds, key)
+        try:
+            data = await self._read_laid_out(ds, np, offset, ask)
+        finally:
+            ahead.end(ds, key, offset, length)
+        if ask == length or len(data) <= length:
+            return data
+        ahead.keep(ds, key, offset, data)
+        return data[:length]
+
+    async def _read_laid_out(self, ds: Dataset, np: NsPath, offset: int, length: int) -> bytes:
         try:
             return await self._read(ds, np, offset, length, False)
         except StaleLayout:
             ds = await self.dataset(ds.name, refresh=True)
             ds.mount(np.mount)
             return await self._read(ds, np, offset, length, True)
+
+    def _served_here(self, ds: Dataset, key: str) -> bool:
+        """Whether a worker on this host owns ``key`` (its reads are preads here)."""
+        return self._local_owner(ds, key) is not None and self.settings.short_circuit
+
+    def read_ahead_fast(self, path: str, offset: int, length: int) -> bytes | None:
+        """What a sequential reader's next read finds read ahead, on any thread (the sync
+        client's caller's: no hop to the loop); None: ask :meth:`read`."""
+        try:
+            np = split_path(path)
+        except ShoalError:
+            return None
+        hit = self.cache.datasets.get(np.dataset)
+        if hit is None or not np.rel:
+            return None
+        return self._ahead.take(hit[0], np.key_path, offset, length)
 
     async def _read(
         self, ds: Dataset, np: NsPath, offset: int, length: int, refreshed: bool

@@ -147,6 +147,8 @@ class Client:
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
         data = self.read_fast(path, offset, length)
+        if data is None:
+            data = self._aio.read_ahead_fast(path, offset, length)
         if data is not None:
             return data
         return self._run(self._aio.read(path, offset, length))
