@@ -152,3 +152,29 @@ def test_a_client_left_open_exits_quietly(module_cluster: TestCluster, tmp_path:
     )
     assert r.returncode == 0, r.stderr
     assert "Unclosed" not in r.stderr, r.stderr
+
+
+def test_a_forked_child_that_never_uses_its_inherited_client_exits_quietly(
+    module_cluster: TestCluster, tmp_path: Path
+) -> None:
+    """A DataLoader worker (or any fork) of a process holding a client inherits the
+    client's HTTP session; the child must not print aiohttp's "Unclosed client session"
+    when it drops the client without ever using it (seen from the benchmark's training
+    loop: its DataLoader workers dropped the harness's clients)."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import gc, multiprocessing as mp, sys\nfrom shoal.client import Client\n"
+        "c = Client(sys.argv[1])\nprint(len(c.datasets()))\n"
+        "def child():\n    global c\n    del c\n    gc.collect()\n"
+        "p = mp.get_context('fork').Process(target=child)\np.start()\np.join()\n"
+        "sys.exit(p.exitcode)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, str(script), module_cluster.master_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONWARNINGS="default"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Unclosed" not in r.stderr, r.stderr

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,6 +60,7 @@ class AsyncClient(ShortCircuit):
         self._listing: dict[tuple[str, str], asyncio.Task[None]] = {}
         #: sequential readers over TCP (shoal.client.ahead)
         self._ahead = Ahead(self.cache)
+        _LIVE.add(self)
 
     # -- metadata -------------------------------------------------------------------
 
@@ -404,6 +406,21 @@ class AsyncClient(ShortCircuit):
 
 #: sessions inherited through fork, kept so that no finalizer ever runs on them
 _DISOWNED: list[Any] = []
+#: every AsyncClient of this process (a forked child disowns their sessions at once)
+_LIVE: weakref.WeakSet[AsyncClient] = weakref.WeakSet()
+
+
+def _disown_all() -> None:
+    """In a forked child: every client's HTTP session is the parent's. Disowned now, not
+    at the client's next use, so a child that never uses an inherited client (a
+    DataLoader worker of a process holding one) exits without the aiohttp noise."""
+    for c in list(_LIVE):
+        http, c._http = c._http, None
+        if http is not None:
+            _disown(http)
+
+
+os.register_at_fork(after_in_child=_disown_all)
 
 
 def _disown(http: Any) -> None:
