@@ -163,10 +163,15 @@ class WorkerSettings:
     #: TLS on the TCP port with this certificate and key (PEM; the Unix socket stays plain)
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: on SIGTERM, first hand the cached files to their next owners for at most this
+    #: many seconds (0: stop at once; shoal.worker.drain)
+    drain_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.master:
             raise InvalidArgument("worker: a master URL is required")
+        if self.drain_timeout != 0:
+            _positive("worker", "drain_timeout", self.drain_timeout)
         if self.no_auth and self.secret_file:
             raise InvalidArgument("worker: pass --secret-file or --no-auth, not both")
         _port("worker", self.port)
@@ -248,10 +253,22 @@ def worker_secret(
     return None
 
 
-def tls_ca_for(explicit: str | None) -> str | None:
+def tls_ca_for(explicit: str | None, master: str | None = None) -> str | None:
     """The CA file a client trusts: ``explicit`` (ClientSettings.tls_ca), else
-    ``SHOAL_TLS_CA``; None: workers are reached in plain TCP."""
-    return explicit or os.environ.get(ENV_TLS_CA) or None
+    ``SHOAL_TLS_CA``, else the CA ``shoal up --tls`` recorded for ``master`` in
+    ``<shoal home>/credentials.json``; None: no CA (workers in plain TCP)."""
+    found = explicit or os.environ.get(ENV_TLS_CA)
+    if found or not master:
+        return found or None
+    try:
+        saved = json.loads((shoal_home() / CREDENTIALS_FILE).read_text()).get("tls_ca")
+    except (OSError, ValueError, AttributeError):
+        return None
+    for url in master.split(","):
+        ca = saved.get(url.strip().rstrip("/")) if isinstance(saved, dict) else None
+        if isinstance(ca, str) and ca:
+            return ca
+    return None
 
 
 def token_for(master: str) -> str | None:

@@ -129,6 +129,17 @@ def test_workers_run_on_cache_nodes_with_one_flag_and_volume_per_tier(
     ]
 
 
+def test_workers_drain_on_sigterm_within_their_grace_period(
+    chart: Any, find_doc: Callable[..., Doc], container_of: Callable[[Doc, str], Doc]
+) -> None:
+    for sets, drain in (((), 60), (("worker.drainTimeoutSeconds=300",), 300)):
+        ds = find_doc(chart.template(sets=sets), "DaemonSet", "-worker")
+        args = container_of(ds, "worker")["args"]
+        assert f"--drain-timeout={drain}" in args
+        # the kubelet's SIGKILL comes after the drain could end
+        assert ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain
+
+
 def test_memory_only_workers_have_one_ram_tier_and_no_host_cache(
     chart: Any, find_doc: Callable[..., Doc], container_of: Callable[[Doc, str], Doc]
 ) -> None:

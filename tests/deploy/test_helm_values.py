@@ -26,6 +26,11 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ["/master/port", "integer"],
     ),
     (
+        "negative drain timeout",
+        {"worker": {"drainTimeoutSeconds": -5}},
+        ["/worker/drainTimeoutSeconds", "minimum"],
+    ),
+    (
         "negative quota",
         {"worker": {"tiers": [{"name": "mem", "medium": "memory", "quota": "-1Gi"}]}},
         ["/worker/tiers/0/quota", "-1Gi"],

@@ -3,7 +3,9 @@ counting proxy in front of moto: a worker added during a warm epoch gets its sha
 the files from their previous owners (zero under-storage GETs from then on); ``shoal
 worker drain ID`` hands a worker's files to their next owners while reads go on, none
 failing, then the worker leaves; a worker back after a short outage with its disk cache
-serves it without refetching. Moved files and bytes show in the report and /metrics."""
+serves it without refetching. A previous owner asked for a file it does not hold says
+so (a cached-only READ) and never fetches it for the asker. Moved files and bytes show
+in the report and in the master's and the workers' /metrics."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from shoal.core.ring import Ring
 from shoal.proto.control import RING
 from shoal.testing.cluster import S3_ENV, TestCluster, sample_files, start_cluster
 from shoal.testing.s3 import CountingProxy, MotoServer, make_bucket
@@ -67,24 +70,14 @@ def worker_id(c: TestCluster, i: int) -> str:
     return (c.worker_dir(i) / "id").read_text().strip()
 
 
-class DrainingCluster(TestCluster):
-    """Workers that drain on SIGTERM (``--drain-timeout``), as a Kubernetes scale-in
-    sends it."""
-
-    __test__ = False
-
-    def command(self, name: str, args: list[str]) -> list[str]:
-        extra = ["--drain-timeout", "60"] if name.startswith("worker") else []
-        return [*super().command(name, args), *extra]
-
-
 @pytest.fixture
 def counted(
     moto: MotoServer, tmp_path: Path, s3_credentials: None, bucket: str
 ) -> Iterator[tuple[TestCluster, CountingProxy]]:
     with CountingProxy(moto.endpoint) as proxy:
         make_bucket(moto.endpoint, bucket, FILES)
-        c = DrainingCluster(tmp_path / "c", workers=3, env=dict(S3_ENV))
+        # workers drain on SIGTERM (--drain-timeout), as a Kubernetes scale-in sends it
+        c = TestCluster(tmp_path / "c", workers=3, env=dict(S3_ENV), drain_timeout=60)
         c.start()
         try:
             c.s3_dataset(bucket, proxy.endpoint)
@@ -144,6 +137,70 @@ def test_a_worker_added_in_a_warm_epoch_gets_its_files_from_their_previous_owner
             assert shown.returncode == 0, shown.stderr
             said = re.search(r"moved between workers: (\d+) files", shown.stdout)
             assert said and int(said.group(1)) >= r["totals"]["moved_files"], shown.stdout
+        finally:
+            c.stop()
+
+
+def worker_metric(c: TestCluster, i: int, name: str, label: str = "") -> float:
+    """The sum of metric ``name`` (its series with ``label``) on worker ``i``'s own
+    /metrics."""
+    info = json.loads((c.worker_dir(i) / "worker.json").read_text())
+    url = f"http://{info['host']}:{info['metrics_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(x.split()[-1]) for x in lines if re.match(rf"{name}(\{{| )", x) and label in x)
+
+
+def test_a_previous_owner_never_fetches_for_a_peer_what_it_does_not_hold(
+    moto: MotoServer, tmp_path: Path, s3_credentials: None, bucket: str
+) -> None:
+    """A new owner asks the previous owner with a cached-only READ: a file it never
+    cached costs that owner no store request, and the new owner GETs it once."""
+    cold = sample_files(80, 1, 20_000, seed=132, prefix="cold/")
+    keys = sorted(FILES)
+    with CountingProxy(moto.endpoint) as proxy:
+        make_bucket(moto.endpoint, bucket, {**FILES, **cold})
+        c = start_cluster(tmp_path / "c", workers=2)
+        try:
+            c.s3_dataset(bucket, proxy.endpoint)
+            read_all(c, keys)  # both workers hold the dataset; the cold/ files nobody
+            wait_for(
+                lambda: all(
+                    w.get("datasets", {}).get("ds", {}).get("cached_files")
+                    for w in report(c)["workers"]
+                ),
+                20,
+                "both workers to report their cache",
+            )
+            c.start_worker(2)
+            c.workers = 3
+            c.wait_ring(3)
+            r = ring(c)
+            new = Ring.build(r["epoch"], [w["id"] for w in r["workers"]], r["vnodes"])
+            mine = worker_id(c, 2)
+            moved_cold = [k for k in cold if new.owner(f"ds/data/{k}") == mine]
+            moved_warm = [k for k in keys if new.owner(f"ds/data/{k}") == mine]
+            assert moved_cold and moved_warm
+            ufs = [worker_metric(c, i, "shoal_ufs_requests_total") for i in range(3)]
+            proxy.reset()
+            with c.client(short_circuit=False) as cl:
+                for k in moved_warm:  # from the previous owners (the peers were asked)
+                    assert cl.read(f"/ds/data/{k}") == FILES[k], k
+                for k in moved_cold:
+                    assert cl.read(f"/ds/data/{k}") == cold[k], k
+            after = [worker_metric(c, i, "shoal_ufs_requests_total") for i in range(3)]
+            assert after[:2] == ufs[:2], "a previous owner fetched for a peer"
+            for k in moved_cold:  # the new owner fetched each exactly once
+                assert proxy.counts_for(f"{bucket}/{k}").get("GET") == 1, k
+            assert all(proxy.counts_for(f"{bucket}/{k}") == {} for k in moved_warm)
+            assert after[2] - ufs[2] == len(moved_cold)
+            # the new owner's own /metrics count what came from its peers
+            moved_in = worker_metric(c, 2, "shoal_moved_files_total", 'direction="in"')
+            assert moved_in == len(moved_warm)
+            assert worker_metric(c, 2, "shoal_moved_bytes_total", 'direction="in"') == sum(
+                len(FILES[k]) for k in moved_warm
+            )
+            assert worker_metric(c, 2, "shoal_moved_files_total", 'direction="out"') == 0
         finally:
             c.stop()
 

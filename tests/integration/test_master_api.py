@@ -157,6 +157,7 @@ async def test_workers_ring_and_expiry(call: Call) -> None:
         "port": 7000,
         "uds": "/tmp/w1.sock",
         "node": "node-1",
+        "tls": False,  # it did not register TLS: clients reach it in plain TCP
     }
     assert control.ring_from_response(ring).members == ("w1", "w2", "w3")
 

@@ -3,7 +3,9 @@ https (``--tls-cert/--tls-key``), the workers speak TLS on their TCP port (the U
 socket stays plain), tokens on as ``shoal up`` has them. A client given the CA
 (``ClientSettings(tls_ca=...)``, ``SHOAL_TLS_CA``) reads byte-exact over TCP (small
 files and a large one: no sendfile through TLS) and through the short circuit; a
-client without the CA, or with another one, is refused with a one-line error."""
+client without the CA, or with another one, is refused with a one-line error. In a
+cluster of one TLS worker and one plain one, a client uses TLS exactly for the worker
+that registered it (the ring says which) and reads byte-exact from both."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +178,67 @@ def test_a_client_without_the_ca_is_refused_in_one_line(
     assert_one_line_error(r, 2, "not trusted", "SHOAL_TLS_CA")
     r = run_cli("dataset", "ls", env=dict(env, SHOAL_TLS_CA=str(_cert)))
     assert r.returncode == 0, r.stderr
+
+
+class MixedCluster(TLSCluster):
+    """The master and worker 0 speak TLS, worker 1 plain TCP."""
+
+    __test__ = False
+
+    def command(self, name: str, args: list[str]) -> list[str]:
+        argv = TestCluster.command(self, name, args)
+        return argv + self.tls_args if name in ("master", "worker-0") else argv
+
+
+def test_one_client_reads_from_a_tls_worker_and_a_plain_one(
+    moto: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = make_cert(tmp_path / "pki", "cluster")
+    monkeypatch.setenv("SHOAL_TLS_CA", str(cert))  # the harness's own calls (the ring)
+    c = MixedCluster(tmp_path / "c", workers=2, env={**S3_ENV, "SHOAL_TLS_CA": str(cert)}, auth=True)  # fmt: skip
+    c.tls_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    try:
+        c.start()
+        make_bucket(moto.endpoint, "mixed-bucket", {**FILES, "big/one.bin": BIG})
+        c.s3_dataset("mixed-bucket", moto.endpoint, {"staleness": "never"})
+        said = [json.loads((c.worker_dir(i) / "worker.json").read_text()) for i in (0, 1)]
+        assert [w["tls"] for w in said] == [True, False]
+        ring = {w["id"]: w for w in _ring(c, cert)["workers"]}
+        assert [ring[w["id"]]["tls"] for w in said] == [True, False]
+        monkeypatch.delenv("SHOAL_TLS_CA")
+        with c.client(tls_ca=str(cert), short_circuit=False, ufs_fallback=False) as cl:
+            for _ in range(2):  # cold, then warm from both workers' caches
+                for k, v in FILES.items():
+                    assert cl.read(f"/ds/data/{k}") == v
+                assert cl.read("/ds/data/big/one.bin") == BIG
+        served = [_remote_bytes_of(c, i) for i in (0, 1)]
+        assert all(n > 0 for n in served), served  # both served over TCP: TLS and plain
+    finally:
+        c.stop()
+
+
+def _ring(c: TestCluster, ca: Path) -> dict[str, Any]:
+    import ssl
+    import urllib.request
+
+    from shoal.proto.control import RING
+
+    token = c.admin_token_file.read_text().strip()
+    req = urllib.request.Request(c.master_url + RING, headers={"Authorization": f"Bearer {token}"})
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+        return json.load(r)
+
+
+def _remote_bytes_of(c: TestCluster, i: int) -> float:
+    import urllib.request
+
+    info = json.loads((c.worker_dir(i) / "worker.json").read_text())
+    url = f"http://{info['host']}:{info['metrics_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(
+        float(x.split()[-1])
+        for x in lines
+        if x.startswith("shoal_read_bytes_total{") and 'source="remote"' in x
+    )

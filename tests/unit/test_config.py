@@ -69,6 +69,9 @@ def test_master_settings_refuse_bad_values(kwargs: dict[str, object], message: s
             {"tiers": (TierSpec.parse("ssd:/a:1GiB"), TierSpec.parse("ssd:/b:1GiB"))},
             "each tier may be given once",
         ),
+        ({"drain_timeout": -1.0}, "drain_timeout must be a positive number"),
+        ({"drain_timeout": float("inf")}, "drain_timeout must be a positive number"),
+        ({"drain_timeout": "60"}, "drain_timeout must be a number"),
     ],
 )
 def test_worker_settings_refuse_bad_values(kwargs: dict[str, object], message: str) -> None:
@@ -99,3 +102,25 @@ def test_one_place_resolves_shoal_home(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert default_state_dir() == tmp_path / "mounts"
     monkeypatch.delenv("SHOAL_HOME")
     assert shoal_home() == Path.home() / ".shoal"
+
+
+def test_the_tls_ca_is_explicit_then_the_environment_then_what_shoal_up_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shoal.cli.tokens import forget_credentials, save_credentials
+    from shoal.config import tls_ca_for
+
+    monkeypatch.setenv("SHOAL_HOME", str(tmp_path))
+    monkeypatch.delenv("SHOAL_TLS_CA", raising=False)
+    url = "https://127.0.0.1:5"
+    assert tls_ca_for(None, url) is None
+    save_credentials(url, "tok", "/c/ca.pem")
+    assert tls_ca_for(None, f"http://x:1,{url}/") == "/c/ca.pem"  # any of the masters
+    assert tls_ca_for(None) is None and tls_ca_for(None, "https://other:5") is None
+    monkeypatch.setenv("SHOAL_TLS_CA", "/env/ca.pem")
+    assert tls_ca_for(None, url) == "/env/ca.pem"
+    assert tls_ca_for("/mine.pem", url) == "/mine.pem"
+    monkeypatch.delenv("SHOAL_TLS_CA")
+    forget_credentials(url)
+    assert tls_ca_for(None, url) is None
+    assert (tmp_path / "credentials.json").read_text().strip() == "{}"

@@ -92,7 +92,9 @@ def test_parse_register_tolerates_extra_keys() -> None:
             "tiers": [{"name": "ssd", "path": "/c", "capacity": 10}],
         }
     )
-    assert w.id == "w-1" and w.uds == "" and w.tiers[0].capacity == 10
+    assert w.id == "w-1" and w.uds == "" and w.tiers[0].capacity == 10 and w.tls is False
+    body = {"id": "w-1", "host": "h", "port": 1, "tls": True}
+    assert validate.parse_register(body).tls is True
 
 
 @pytest.mark.parametrize(
@@ -102,6 +104,7 @@ def test_parse_register_tolerates_extra_keys() -> None:
         {"id": "w", "host": "h", "port": "1"},
         {"id": "w", "host": "h", "port": 1, "tiers": {}},
         {"id": "w", "host": "h", "port": 1, "tiers": [{"name": "ssd"}]},
+        {"id": "w", "host": "h", "port": 1, "tls": "yes"},
     ],
 )
 def test_parse_register_rejects(body: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shoal.core.membership import (
@@ -148,3 +150,16 @@ def test_invalid_membership_args() -> None:
 def test_worker_info_round_trip() -> None:
     i = info("a")
     assert WorkerInfo.from_dict(i.to_dict()) == i
+    t = replace(i, tls=True)
+    assert WorkerInfo.from_dict(t.to_dict()) == t
+    # a record stored before workers said whether they speak TLS: plain
+    old = {k: v for k, v in i.to_dict().items() if k != "tls"}
+    assert WorkerInfo.from_dict(old).tls is False
+
+
+def test_a_worker_that_turns_tls_on_moves_the_epoch() -> None:
+    # clients read "tls" from the ring: holding an older ring, they must refresh it
+    m = Membership(expiry=10)
+    m.register(info("a"), now=0)
+    t = m.register(replace(info("a"), tls=True), now=1)
+    assert t.ring_changed and m.epoch == 2

@@ -32,9 +32,23 @@ def register(sub: Any) -> None:
     p.add_argument("--disk", default="4GiB", help="disk tier per worker")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind")
     p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="workers hand their cached files over on SIGTERM, for at most SECONDS "
+        "(default 0: they stop at once)",
+    )
+    p.add_argument(
         "--no-auth",
         action="store_true",
         help="run without a cluster secret: anyone who reaches the ports may use the cluster",
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS for the master's API and the workers' TCP ports, with a CA and a "
+        "certificate generated in the cluster directory (clients find the CA by themselves)",
     )
     p.add_argument("--s3-gateway", type=int, metavar="PORT", help="also serve S3 on PORT (0: free)")
     p.add_argument(
@@ -168,6 +182,8 @@ def register(sub: Any) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InvalidArgument("--workers must be at least 1")
+    if not 0 <= args.drain_timeout < float("inf"):
+        raise InvalidArgument(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout:g}")
     parse_size(args.mem)
     parse_size(args.disk)
     d: Path = (args.dir or default_dir()).resolve()
@@ -191,6 +207,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         host=args.host,
         file_roots=roots,
         auth=not args.no_auth,
+        drain_timeout=args.drain_timeout,
+        tls=args.tls,
         gateways=gateways,
         gateway_args=gateway_args,
     )
@@ -199,16 +217,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     except ShoalError:
         cluster.stop()
         raise
-    if cluster.auth:
-        save_credentials(url, cluster.admin_token_file.read_text().strip())
+    ca = str(cluster.tls_ca) if cluster.tls_ca else None
+    if cluster.auth or ca:
+        token = cluster.admin_token_file.read_text().strip() if cluster.auth else None
+        save_credentials(url, token, ca)
     if args.json:
-        emit_json(
-            {"master": url, "dir": str(d), "pids": cluster.pids, "gateways": cluster.gateway_urls}
-        )
+        out = {"master": url, "dir": str(d), "pids": cluster.pids, "gateways": cluster.gateway_urls}
+        emit_json({**out, **({"tls_ca": ca} if ca else {})})
     else:
         print(url)
         for kind, gw in cluster.gateway_urls.items():
             print(f"{kind} gateway: {gw}")
+        if ca:  # this user's CLI and clients find it; others (or another SHOAL_HOME): this
+            print(f"TLS CA: {ca} (for other users and hosts: SHOAL_TLS_CA={ca})")
     return 0
 
 
@@ -275,8 +296,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if not args.tier:
         raise InvalidArgument("a worker needs at least one --tier NAME:PATH:SIZE")
-    if not args.drain_timeout >= 0:
-        raise InvalidArgument(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout:g}")
     setup_server_logging(args.log_level)
     run_worker(
         WorkerSettings(
@@ -294,7 +313,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             no_auth=args.no_auth,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
-        ),
-        drain_timeout=args.drain_timeout,
+            drain_timeout=args.drain_timeout,
+        )
     )
     return 0

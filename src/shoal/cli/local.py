@@ -30,7 +30,9 @@ def default_dir() -> Path:
     return shoal_home() / "cluster"
 
 
-async def _ring_reaches(master: str, n: int, timeout: float, token: str | None = None) -> bool:
+async def _ring_reaches(
+    master: str, n: int, timeout: float, token: str | None = None, tls_ca: str | None = None
+) -> bool:
     """Poll the master's ring until it has ``n`` workers; False after ``timeout``."""
     import asyncio
 
@@ -42,7 +44,7 @@ async def _ring_reaches(master: str, n: int, timeout: float, token: str | None =
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-        master_api = MasterAPI(master, lambda: http, token=token)
+        master_api = MasterAPI(master, lambda: http, token=token, tls_ca=tls_ca)
         while loop.time() < deadline:
             try:
                 if len(ring_from_response(await master_api.ring()).members) == n:
@@ -90,6 +92,11 @@ class LocalCluster:
     env: dict[str, str] = field(default_factory=dict)
     #: tokens required (a cluster secret in ``dir``; see shoal.core.tokens)
     auth: bool = False
+    #: workers drain on SIGTERM for at most this many seconds (0: stop at once)
+    drain_timeout: float = 0.0
+    #: TLS for the master's API and the workers' TCP ports, with a CA and certificate
+    #: generated in ``dir/tls`` (shoal.cli.pki); clients trust ``tls_ca``
+    tls: bool = False
     #: gateways started with the cluster: kind (s3, webhdfs) -> port (0: any free)
     gateways: dict[str, int] = field(default_factory=dict)
     #: flags every gateway gets (--credentials FILE, --allow-anonymous, --writable DS)
@@ -135,10 +142,22 @@ class LocalCluster:
         if not self.worker_token_file.exists():
             write_token(self.worker_token_file, mint(secret, "workers", WORKER))
 
+    @property
+    def tls_ca(self) -> Path | None:
+        """The CA clients trust (``shoal up --tls``); None: plain."""
+        return self.dir / "tls" / "ca.pem" if self.tls else None
+
     def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.dir / f"{name}.log"
         env = dict(os.environ)
         env.update(self.env)
+        if self.tls:
+            from shoal.cli.pki import local_pki
+
+            pki = local_pki(self.dir / "tls", self.host)
+            env["SHOAL_TLS_CA"] = str(pki.ca)  # peers, gateways: the master's and workers' CA
+            if name == "master" or name.startswith("worker"):
+                args = [*args, "--tls-cert", str(pki.cert), "--tls-key", str(pki.key)]
         if self.auth:
             if name == "master":
                 args = [*args, "--secret-file", str(self.secret_file)]
@@ -221,6 +240,7 @@ class LocalCluster:
                 "--ufs-concurrency",
                 str(self.ufs_concurrency),
                 *tiers,
+                *(["--drain-timeout", str(self.drain_timeout)] if self.drain_timeout else []),
             ],
         )
         return json.loads(_wait_file(url_file, proc, timeout, log))
@@ -274,7 +294,8 @@ class LocalCluster:
         import asyncio
 
         token = self.admin_token_file.read_text().strip() if self.auth else None
-        if not asyncio.run(_ring_reaches(self.master_url, n, timeout, token)):
+        ca = str(self.tls_ca) if self.tls_ca else None
+        if not asyncio.run(_ring_reaches(self.master_url, n, timeout, token, ca)):
             raise Unavailable(f"{n} workers did not join the ring within {timeout:.0f}s")
 
     def save(self) -> None:

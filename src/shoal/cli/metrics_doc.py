@@ -27,9 +27,9 @@ Every process serves Prometheus text at `/metrics`: the master on its API port, 
 worker on its `metrics_port` (in `worker.json` and `shoal report`), each FUSE mount on
 `--metrics-port`, each gateway on its own port. Exported by: **M** master, **W**
 worker, **F** FUSE daemon, **G** gateway. The master's `shoal_cached_*`,
-`shoal_cache_*` and `shoal_read_bytes_total` are the workers' summed (cached: live
-workers; traffic: every known worker), so sum either the master's or the workers',
-never both.
+`shoal_cache_*`, `shoal_read_bytes_total` and `shoal_moved_*` are the workers' summed
+(cached: live workers; traffic: every known worker), so sum either the master's or
+the workers', never both.
 
 | name | type | labels | unit | exported by | meaning |
 |---|---|---|---|---|---|

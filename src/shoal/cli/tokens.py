@@ -77,17 +77,35 @@ def _saved() -> dict[str, Any]:
     return saved if isinstance(saved, dict) else {}
 
 
-def save_credentials(master: str, token: str) -> None:
-    """Remember ``token`` for ``master`` in ``<shoal home>/credentials.json`` (0600)."""
+def save_credentials(master: str, token: str | None, tls_ca: str | None = None) -> None:
+    """Remember ``token`` (and the CA of a TLS cluster, ``tls_ca``) for ``master`` in
+    ``<shoal home>/credentials.json`` (0600), where clients look them up."""
     saved = _saved()
-    saved[master.rstrip("/")] = token
+    url = master.rstrip("/")
+    if token:
+        saved[url] = token
+    cas = saved.get("tls_ca")
+    cas = cas if isinstance(cas, dict) else {}
+    if tls_ca:
+        cas[url] = tls_ca
+    else:
+        cas.pop(url, None)
+    if cas:
+        saved["tls_ca"] = cas
+    else:
+        saved.pop("tls_ca", None)
     _write(saved)
 
 
 def forget_credentials(master: str) -> None:
     """Drop what :func:`save_credentials` stored for ``master`` (its cluster is down)."""
     saved = _saved()
-    if saved.pop(master.rstrip("/"), None) is not None:
+    url = master.rstrip("/")
+    cas = saved.get("tls_ca")
+    had_ca = isinstance(cas, dict) and cas.pop(url, None) is not None
+    if isinstance(cas, dict) and not cas:
+        saved.pop("tls_ca", None)
+    if saved.pop(url, None) is not None or had_ca:
         _write(saved)
 
 

@@ -28,6 +28,9 @@ class WorkerAddr:
     port: int
     uds: str
     node: str
+    #: its TCP port speaks TLS, as it registered; None: the master did not say (an
+    #: older one): TLS exactly when the client has a CA
+    tls: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,12 @@ class ControlPlane:
         try:
             workers = {
                 w["id"]: WorkerAddr(
-                    w["id"], w["host"], int(w["port"]), w.get("uds") or "", w.get("node") or ""
+                    w["id"],
+                    w["host"],
+                    int(w["port"]),
+                    w.get("uds") or "",
+                    w.get("node") or "",
+                    tls if isinstance(tls := w.get("tls"), bool) else None,
                 )
                 for w in body["workers"]
             }

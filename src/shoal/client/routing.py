@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 
 from shoal.client.cache import ClientCache, WorkerAddr
@@ -53,6 +54,8 @@ class Routing(HitBook):
         #: the master's datasets_generation at the last refresh of the definitions
         self._datasets_gen: int | None = None
         self.cache.refresh_every = settings.ring_refresh
+        self._ca_ctx: ssl.SSLContext | None = None
+        self._ca_loaded = False
 
     # -- datasets and the ring ---------------------------------------------------------
 
@@ -158,18 +161,29 @@ class Routing(HitBook):
         healthy = [w for w in addrs if self._suspect.get(w.id, 0.0) <= now]
         return healthy + [w for w in addrs if w not in healthy]
 
+    def _ca(self) -> ssl.SSLContext | None:
+        """The context TLS workers are checked with (None: no CA), loaded once."""
+        if not self._ca_loaded:
+            self._ca_ctx = client_context(tls_ca_for(self.settings.tls_ca, self.settings.master))
+            self._ca_loaded = True
+        return self._ca_ctx
+
     def _pool(self, w: WorkerAddr, local: bool) -> Pool:
         key = (w.id, local)
         pool = self._pools.get(key)
-        if pool is None or pool.address != (w.uds if local else (w.host, w.port)):
-            addr: str | tuple[str, int] = w.uds if local else (w.host, w.port)
+        addr: str | tuple[str, int] = w.uds if local else (w.host, w.port)
+        # TLS exactly to the workers that registered it (an older master's ring does not
+        # say: then to every worker when the client has a CA); the Unix socket is plain.
+        # A TLS worker and no CA: plain, refused in one line saying what to pass
+        ctx = None if local or w.tls is False else self._ca()
+        if pool is None or pool.address != addr or pool.tls is not ctx:
             pool = self._pools[key] = Pool(
                 addr,
                 self.settings.pool_size,
                 self.settings.request_timeout,
                 w.id,
                 self.api.token or "",
-                client_context(tls_ca_for(self.settings.tls_ca)),
+                ctx,
             )
         return pool
 

@@ -109,10 +109,19 @@ class ShortCircuit(Routing):
         for key, fd in zip(ids, resp.fds, strict=True):
             c.add_fd(key, fd)
         first = m.first
+        stamps = m.stamps  # unchecked by decode: none (an older worker) or odd: check all
+        if type(stamps) is not list or len(stamps) != len(ids):
+            stamps = [0] * len(ids)
+        verified = c.verified
         for i, (slot, off, n, ck) in enumerate(m.pages):
-            c.locs[(ds.name, path, m.version, first + i)] = PageLoc(
-                ids[slot], off, n, ck, w.id, ds.policy.page_size
-            )
+            lk = (ds.name, path, m.version, first + i)
+            c.locs[lk] = PageLoc(ids[slot], off, n, ck, w.id, ds.policy.page_size)
+            # checked by the worker at this ctime: trusted while the file keeps it
+            # (shoal.client.local); else this process checks the page itself
+            if stamps[slot]:
+                verified[lk] = stamps[slot]
+            else:
+                verified.pop(lk, None)
         # the worker counted this read when it answered: no touch for it
         return read_located(c, ds, path, offset, length, touch=False)
 
@@ -171,4 +180,5 @@ class ShortCircuit(Routing):
             elif known[0].version != v:
                 continue  # this process already reads another version of it
             locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid, ps)
+            c.verified.pop((name, path, v, 0), None)  # a check of another location
         return m.full and (directory is not None or bool(m.items))

@@ -58,6 +58,8 @@ class WorkerInfo:
     #: host identity for short-circuit reads (Kubernetes: the node name)
     node: str = ""
     tiers: tuple[TierDecl, ...] = ()
+    #: its TCP port speaks TLS (``--tls-cert``): clients and peers reach it over TLS
+    tls: bool = False
 
     def __post_init__(self) -> None:
         if not self.id or "/" in self.id or len(self.id) > 256 or self.id != self.id.strip():
@@ -66,9 +68,9 @@ class WorkerInfo:
             raise InvalidArgument(f"invalid worker port {self.port}: use 0..65535")
 
     @property
-    def address(self) -> tuple[str, int, str, str]:
+    def address(self) -> tuple[str, int, str, str, bool]:
         """The fields clients read from the ring; a change here needs a new epoch."""
-        return (self.host, self.port, self.uds, self.node)
+        return (self.host, self.port, self.uds, self.node, self.tls)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class WorkerInfo:
             "uds": self.uds,
             "node": self.node,
             "tiers": [t.to_dict() for t in self.tiers],
+            "tls": self.tls,
         }
 
     @classmethod
@@ -92,6 +95,7 @@ class WorkerInfo:
                 TierDecl(t["name"], t.get("path", ""), int(t["capacity"]))
                 for t in d.get("tiers") or ()
             ),
+            tls=d.get("tls") is True,
         )
 
 

@@ -94,10 +94,10 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("shoal_moved_files_total", _C, "direction", "files",
        "Files moved between workers when the ring moved: in (a new owner got it from "
        "a previous owner, not from under storage), out (a draining worker handed it "
-       "over); summed over every known worker", MASTER),
+       "over); the master's: summed over every known worker", *_MW),
     _m("shoal_moved_bytes_total", _C, "direction", "bytes",
        "Bytes moved between workers when the ring moved (in, out: as "
-       "shoal_moved_files_total)", MASTER),
+       "shoal_moved_files_total)", *_MW),
     _m("shoal_jobs", _G, "state", "jobs", "Jobs the master knows, by state", MASTER),
     _m("shoal_job_files", _G, "job_id kind dataset count", "files",
        "Files of an active or recent job: count=total|done|skipped|failed", MASTER),

@@ -284,6 +284,7 @@ class MasterService:
                     "port": live[wid].port,
                     "uds": live[wid].uds,
                     "node": live[wid].node,
+                    "tls": live[wid].tls,
                 }
                 for wid in ring.members
             ],
@@ -292,7 +293,14 @@ class MasterService:
             # earlier rings and draining workers: where new owners find moved files
             "history": self.history.body(self._clock(), set(serving)),
             "peers": [
-                {"id": wid, "host": i.host, "port": i.port, "uds": i.uds, "node": i.node}
+                {
+                    "id": wid,
+                    "host": i.host,
+                    "port": i.port,
+                    "uds": i.uds,
+                    "node": i.node,
+                    "tls": i.tls,
+                }
                 for wid, i in sorted(serving.items())
                 if wid not in live
             ],

@@ -96,6 +96,16 @@ def _int(body: Mapping[str, Any], key: str, what: str) -> int:
     return value
 
 
+def _bool(body: Mapping[str, Any], key: str, what: str) -> bool:
+    """An optional boolean (absent or null: False)."""
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what}: {key!r} must be true or false")
+    return value
+
+
 def apply_policy(base: CachePolicy, changes: Any) -> CachePolicy:
     """``base`` with the fields in ``changes`` replaced (a partial policy dict).
 
@@ -259,6 +269,7 @@ def parse_register(body: Any) -> WorkerInfo:
         uds=_str(body, "uds", what, "") if body.get("uds") is not None else "",
         node=_str(body, "node", what, "") if body.get("node") is not None else "",
         tiers=tuple(tiers),
+        tls=_bool(body, "tls", what),
     )
 
 

@@ -180,6 +180,8 @@ class RegisterRequest(TypedDict):
     uds: str
     node: str
     tiers: list[TierDecl]
+    #: the TCP port speaks TLS
+    tls: NotRequired[bool]
 
 
 class RegisterResponse(TypedDict):
@@ -239,6 +241,8 @@ class RingWorker(TypedDict):
     port: int
     uds: str
     node: str
+    #: its TCP port speaks TLS (absent from an older master: clients decide by their CA)
+    tls: NotRequired[bool]
 
 
 class RingResponse(TypedDict):

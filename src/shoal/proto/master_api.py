@@ -81,7 +81,7 @@ class MasterAPI:
         self._auth = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         #: an https master's certificate is checked with this CA (tls_ca, else
         #: SHOAL_TLS_CA; neither: the system's CAs)
-        self._ssl = client_context(tls_ca_for(tls_ca))
+        self._ssl = client_context(tls_ca_for(tls_ca, master))
 
     @property
     def token(self) -> str | None:

@@ -86,12 +86,13 @@ class Request(Message, Generic[R]):
 
 
 class Reply(Message):
-    """A reply: an array of at least len(TYPES) values of those types; LISTS names
-    the fields that are lists of items of a given length."""
+    """A reply: an array of at least len(TYPES) values of those types (then up to TAIL
+    optional ones, unchecked); LISTS: the fields that are lists of items of a length."""
 
     __slots__ = ()
     TYPES: ClassVar[Types]
     LISTS: ClassVar[tuple[tuple[int, int], ...]] = ()
+    TAIL: ClassVar[int] = 0
 
     @classmethod
     def decode(cls, meta: Any) -> Self:
@@ -103,7 +104,7 @@ class Reply(Message):
             for it in meta[i]:
                 if type(it) is not list or len(it) != k:
                     raise ProtocolError(f"malformed {cls.__name__}: an item is not {k} values")
-        return cls(*meta[:n])
+        return cls(*meta[: n + cls.TAIL])
 
 
 # -- HELLO: the same in every version -----------------------------------------------------
@@ -242,6 +243,7 @@ class ReadRequest(Request[ReadReply]):
     version: str | None = None
     page_size: int = 0
     generation: int | None = None
+    cached_only: bool = False  #: a peer's ask (worker.peers): cached pages only, no fetch
 
 
 # -- BATCH ------------------------------------------------------------------------------
@@ -331,6 +333,7 @@ class LocateReply(Reply):
 
     TYPES: ClassVar[Types] = (_S, _I, _NUM, _I, _L, _L, _B)
     LISTS: ClassVar[tuple[tuple[int, int], ...]] = ((4, 4), (5, 2))
+    TAIL: ClassVar[int] = 1  # stamps: older workers send none, older readers drop it
     version: str = ""
     size: int = 0
     mtime: float = 0.0
@@ -341,6 +344,7 @@ class LocateReply(Reply):
     fds: list[list[int]] = field(default_factory=list)
     #: a cached-only LOCATE of a file that is not (wholly) cached
     miss: bool = False
+    stamps: list[int] = field(default_factory=list)  #: per fd: ctime_ns of its pages' check
 
 
 @dataclass(frozen=True, slots=True)

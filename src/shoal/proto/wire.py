@@ -38,8 +38,8 @@ BATCH       BatchRequest [dataset, [path, ...],         BatchReply [[[path, stat
                                                         OK items' bytes, concatenated
 LOCATE      LocateRequest [dataset, path, version,      LocateReply [version, size, mtime,
             offset, length, cached_only, ahead,         first, [[fd_slot, offset, len, ck],
-            page_size, generation]                      ...], [[dev, ino], ...], miss]
-                                                        + SCM_RIGHTS
+            page_size, generation]                      ...], [[dev, ino], ...], miss,
+                                                        [ctime_ns, ...]] + SCM_RIGHTS
 TOUCH       TouchRequest [dataset, [[path, version,     Done [] (hits served by the short
             pages, bytes], ...]]                        circuit)
 DROP        DropRequest [dataset, path, version,        Done [] (a reader saw a bad
@@ -55,7 +55,13 @@ LOCATE_DIR  LocateDirRequest [dataset, directory,       LocateDirReply [[[path, 
 A BATCH item's ``status`` is an :class:`~shoal.proto.messages.ItemStatus`: OK (its
 bytes follow), ERROR (``code`` and ``message`` are the error of reading it) or
 NOT_SMALL (larger than a page: the client reads it with READ). A LOCATE of
-``cached_only`` for a file not wholly cached answers ``miss`` true.
+``cached_only`` for a file not wholly cached answers ``miss`` true. A LOCATE reply's
+trailing ``stamps`` (one per descriptor; 0 = none) is the data file's ctime at which the
+worker read back and checked every page the reply hands over in it: a reader skips
+its own checksum of those pages while fstat of the descriptor still shows that ctime
+(see shoal.worker.handover.Verified). A trailing reply field added like this needs no
+version bump: a reader decodes the fields it knows and ignores the rest, and a field
+left out takes its default.
 
 ``version`` None means "whatever the worker holds within the dataset's staleness bound".
 ``page_size`` is the page layout the reader slices the answer with (0: not checked); a
@@ -299,7 +305,7 @@ _ARGS: dict[Op, tuple[int, tuple[tuple[type, ...], ...]]] = {
     Op.HELLO: (0, (_ANY,)),
     Op.STAT: (2, (_S, _S, _IN)),
     Op.LIST: (2, (_S, _S, _IN)),
-    Op.READ: (5, (_S, _S, _I, _I, _SN, _I, _IN)),
+    Op.READ: (5, (_S, _S, _I, _I, _SN, _I, _IN, _B)),
     Op.BATCH: (2, (_S, _L, _IN)),
     Op.LOCATE: (5, (_S, _S, _SN, _I, _I, _B, _I, _I, _IN)),
     Op.TOUCH: (2, (_S, _L)),

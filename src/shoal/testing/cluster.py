@@ -67,6 +67,8 @@ class TestCluster(LocalCluster):
         ``token=`` says otherwise)."""
         if self.auth and "token" not in overrides:
             overrides["token"] = self.admin_token_file.read_text().strip()
+        if self.tls_ca is not None and "tls_ca" not in overrides:
+            overrides["tls_ca"] = str(self.tls_ca)
         settings = ClientSettings(master=self.master_url, **overrides)  # type: ignore[arg-type]
         return Client(settings=settings)
 

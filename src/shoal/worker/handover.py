@@ -7,22 +7,46 @@ memory. Answers are kept, already encoded, until the store reports any page adde
 dropped or moved (``Handover.changes``) or the dataset's generation or manifest moves,
 and the descriptors they hand over stay open in the worker for as long; so a warm
 answer is one dictionary lookup and one ``sendmsg``.
+
+And which handed-over pages this worker has read back and checked (:class:`Verified`):
+a LOCATE answer stamps each descriptor with the data file's ctime at that check, and a
+local reader then skips its own xxh3 while the file keeps that ctime -- one check per
+node and file, not one per reader process (see ``shoal.client.local``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import stat
+import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+import xxhash
 
 from shoal.core.types import Dataset
 from shoal.proto import wire
+
+log = logging.getLogger("shoal.worker")
 
 #: encoded directory answers kept, in bytes (about 70 bytes per file)
 DIR_CACHE_BYTES = 64 << 20
 #: descriptors kept open for them, at most (then everything is dropped and rebuilt)
 DIR_CACHE_FDS = 1024
+#: seconds a data file's check stands; past it the next handover checks it again, so
+#: bit rot below the kernel (bytes that changed with no write) is caught by then
+VERIFY_EVERY = 900.0
+#: data files checked at once (each check is a thread reading up to LOCATE's window)
+VERIFY_AT_ONCE = 2
+#: data files whose checks are remembered (then the oldest are forgotten)
+VERIFY_FILES = 65536
+
+#: one page handed over: offset in its data file, length, xxh3 checksum
+Page = tuple[int, int, int]
 
 
 class Handover:
@@ -33,6 +57,8 @@ class Handover:
         self.fds: list[int] = []
         self.ids: list[list[int]] = []
         self.paths: list[str] = []
+        #: each descriptor's st_ctime_ns when it was opened (see :class:`Verified`)
+        self.ctimes: list[int] = []
         self._slot: dict[str, int] = {}
 
     def slot(self, path: str) -> int | None:
@@ -47,6 +73,7 @@ class Handover:
             self.fds.append(fd)
             self.ids.append([st.st_dev, st.st_ino])
             self.paths.append(path)
+            self.ctimes.append(st.st_ctime_ns)
         return slot
 
     def abort(self) -> None:
@@ -135,3 +162,174 @@ class DirAnswers:
         self._fds.clear()
         for fd in fds:
             os.close(fd)
+
+
+#: CLOCK_REALTIME_COARSE (Linux), which typeshed does not name
+_COARSE: int = getattr(time, "CLOCK_REALTIME_COARSE", 5)
+
+
+def _coarse_now() -> int:
+    """The clock the kernel stamps ctime from, in ns (a tick behind the precise one)."""
+    return time.clock_gettime_ns(_COARSE)
+
+
+def check_pages(path: str, dev: int, ino: int, pages: list[Page]) -> tuple[int, list[Page]] | None:
+    """Read back and checksum ``pages`` of the data file at ``path`` (run it in a
+    thread): (the ctime they were checked at, the pages that failed), or None when a
+    stamp of that ctime would not hold -- another file at that path now, a change to
+    the file within the current clock tick (a later write in the same tick would leave
+    its ctime as it is), a write during the check, an I/O error."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        ctime = st.st_ctime_ns
+        if (st.st_dev, st.st_ino) != (dev, ino) or _coarse_now() <= ctime:
+            return None
+        # from here on any write to the file stamps it with a later ctime than ``ctime``
+        bad = []
+        for p in pages:
+            data = os.pread(fd, p[1], p[0])
+            if len(data) != p[1] or xxhash.xxh3_64_intdigest(data) != p[2]:
+                bad.append(p)
+        if os.fstat(fd).st_ctime_ns != ctime:
+            return None
+        return ctime, bad
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def revoke(path: str) -> None:
+    """Move a data file's ctime (a chmod to the mode it has), so that no stamp handed
+    over for it holds any longer: every reader checks its pages whole again."""
+    try:
+        os.chmod(path, stat.S_IMODE(os.stat(path).st_mode))
+    except OSError:
+        pass  # gone: nobody is handed it again
+
+
+@dataclass(slots=True)
+class _Checked:
+    dev: int
+    ino: int
+    ctime: int
+    at: float
+    #: offset -> (length, checksum) of each page checked at that ctime
+    pages: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+class Verified:
+    """Data files whose handed-over pages this worker read back and checked, by file
+    identity and ctime, so that a LOCATE answer can say so (a *stamp* per descriptor:
+    the ctime its pages were checked at) and local readers skip the checksum while
+    the descriptor's ctime is still that -- one check per node, not one per reader.
+
+    Why a stamp can only make a reader check, never trust wrongly: every write to a
+    file through the kernel (a new page, a byte flipped in place, a compaction) gives
+    it a ctime later than any it had, and a chmod cannot set an old one back; a check
+    counts only if the file's ctime was already older than the kernel's clock tick when
+    it began (so a write right after it cannot share its ctime) and did not move while
+    it ran. What no write reports -- bytes changed below the kernel -- is caught by
+    the next check: checks are kept in memory only (a restarted worker checks each
+    file again when it first hands it over) and stand VERIFY_EVERY seconds; a check
+    that fails drops the bad pages (``on_bad``) and revokes every stamp of the file.
+    The checks run in threads, in the background, after an answer that had to go out
+    without a stamp: no answer waits for one.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._files: dict[str, _Checked] = {}
+        self._busy: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: bytes read back and pages found bad, for the curious
+        self.checked_bytes = 0
+        self.bad_pages = 0
+
+    def stamps(
+        self, h: Handover, pages: list[list[Page]], on_bad: Callable[[str, list[Page]], None]
+    ) -> list[int]:
+        """For each of ``h``'s descriptors, the ctime at which every page this answer
+        hands over in it was checked (0: some were not, or not lately); the pages not
+        checked yet are checked in the background, for later answers."""
+        out: list[int] = []
+        now = self._clock()
+        for slot, mine in enumerate(pages):
+            path, (dev, ino), ctime = h.paths[slot], h.ids[slot], h.ctimes[slot]
+            rec = self._files.get(path)
+            if (
+                rec is not None
+                and (rec.dev, rec.ino, rec.ctime) == (dev, ino, ctime)
+                and now - rec.at < VERIFY_EVERY
+            ):
+                have = rec.pages
+                todo = [p for p in mine if have.get(p[0]) != (p[1], p[2])]
+            else:
+                todo = mine
+            out.append(0 if todo else ctime)
+            if todo:
+                self._check_later(path, dev, ino, todo, on_bad)
+        return out
+
+    def forget(self, path: str) -> None:
+        self._files.pop(path, None)
+
+    def _check_later(
+        self,
+        path: str,
+        dev: int,
+        ino: int,
+        pages: list[Page],
+        on_bad: Callable[[str, list[Page]], None],
+    ) -> None:
+        if path in self._busy or len(self._busy) >= VERIFY_AT_ONCE:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._busy.add(path)
+        task = loop.create_task(self._check(path, dev, ino, pages, on_bad))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _check(
+        self,
+        path: str,
+        dev: int,
+        ino: int,
+        pages: list[Page],
+        on_bad: Callable[[str, list[Page]], None],
+    ) -> None:
+        began = self._clock()
+        try:
+            res = await asyncio.to_thread(check_pages, path, dev, ino, pages)
+        finally:
+            self._busy.discard(path)
+        if res is None:
+            return
+        ctime, bad = res
+        self.checked_bytes += sum(p[1] for p in pages)
+        if bad:
+            self.bad_pages += len(bad)
+            self._files.pop(path, None)
+            log.warning("%s: %d handed-over pages failed their check: dropped", path, len(bad))
+            on_bad(path, bad)
+            revoke(path)
+            return
+        rec = self._files.get(path)
+        if (
+            rec is None
+            or (rec.dev, rec.ino, rec.ctime) != (dev, ino, ctime)
+            or began - rec.at >= VERIFY_EVERY
+        ):
+            self._files.pop(path, None)
+            if len(self._files) >= VERIFY_FILES:
+                self._files.pop(next(iter(self._files)))
+            rec = self._files[path] = _Checked(dev, ino, ctime, began)
+        for off, n, ck in pages:
+            rec.pages[off] = (n, ck)

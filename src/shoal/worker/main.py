@@ -171,8 +171,9 @@ class Worker:
         s = self.settings
         tls = server_context(s.tls_cert, s.tls_key, "worker: ")
         self.tls = tls is not None
-        if self.tls:  # peers speak TLS too: trust the cluster's CA (else our own cert)
-            self.peers.ssl = client_context(tls_ca_for(None) or s.tls_cert)
+        # peers that speak TLS: checked with the cluster's CA (else our own certificate)
+        self.peers.ssl = client_context(tls_ca_for(None) or (s.tls_cert if self.tls else None))
+        self.peers.serves_tls = self.tls
         tcp = await loop.create_server(
             lambda: Conn(self.service, False),
             s.host,
@@ -394,14 +395,11 @@ class Worker:
 
 
 async def serve(
-    settings: WorkerSettings,
-    stop: asyncio.Event,
-    drain: asyncio.Event | None = None,
-    drain_timeout: float = 0.0,
+    settings: WorkerSettings, stop: asyncio.Event, drain: asyncio.Event | None = None
 ) -> None:
     """Serve until ``stop``, or until drained and gone (``shoal worker drain``); a set
     ``drain`` (SIGTERM with a drain timeout) first hands the cached files over, for at
-    most ``drain_timeout`` seconds (shoal.worker.drain)."""
+    most ``settings.drain_timeout`` seconds (shoal.worker.drain)."""
     worker = Worker(settings)
     await worker.start()
     if settings.url_file:
@@ -423,20 +421,20 @@ async def serve(
             and drain.is_set()
             and not (stop.is_set() or worker.elastic.left.is_set())
         ):
-            await worker.elastic.drain_self(worker._key, drain_timeout, stop)
+            await worker.elastic.drain_self(worker._key, settings.drain_timeout, stop)
     finally:
         await worker.stop()
 
 
-def run_worker(settings: WorkerSettings, drain_timeout: float = 0.0) -> None:
-    """Run a worker until SIGTERM or SIGINT. With ``drain_timeout`` > 0 a SIGTERM first
-    hands the worker's cached files to their next owners (at most that many seconds;
-    a second SIGTERM, or SIGINT, stops at once)."""
+def run_worker(settings: WorkerSettings) -> None:
+    """Run a worker until SIGTERM or SIGINT. With ``settings.drain_timeout`` > 0 a
+    SIGTERM first hands the worker's cached files to their next owners (at most that
+    many seconds; a second SIGTERM, or SIGINT, stops at once)."""
     import uvloop
 
     async def main() -> None:
         stop = asyncio.Event()
-        drain = asyncio.Event() if drain_timeout > 0 else None
+        drain = asyncio.Event() if settings.drain_timeout > 0 else None
         loop = asyncio.get_running_loop()
 
         def term() -> None:
@@ -447,6 +445,6 @@ def run_worker(settings: WorkerSettings, drain_timeout: float = 0.0) -> None:
 
         loop.add_signal_handler(signal.SIGTERM, term)
         loop.add_signal_handler(signal.SIGINT, stop.set)
-        await serve(settings, stop, drain, drain_timeout)
+        await serve(settings, stop, drain)
 
     uvloop.run(main())

@@ -4,8 +4,9 @@ Names, types, labels and meanings are in :mod:`shoal.core.metric_names` (and
 ``docs/metrics.md``): bytes, hits and misses by dataset and source, cached bytes and
 files, tier capacity, use, pages and health, bytes evicted by reason (watermark: each
 tier's own count; ttl and free: counted by the tiered store), corrupt pages, refused
-drops, under-storage GETs, data-path connections and buffered bytes, and the
-worker-side read latency histogram (:class:`ReadLatency`).
+drops, under-storage GETs, files and bytes moved between workers (in, out), data-path
+connections and buffered bytes, and the worker-side read latency histogram
+(:class:`ReadLatency`).
 
 The data path only bumps plain ints (``ReadLatency.observe`` is a dict lookup and a
 bisect); families are built when scraped.
@@ -83,6 +84,7 @@ class WorkerCollector(Collector):
         f["shoal_refused_drops_total"].add_metric([], s.get("refused_drops", 0))
         f["shoal_ufs_requests_total"].add_metric([], s.get("ufs_requests", 0))
         yield from f.values()
+        yield from _moved(s.get("moved") or {})
         retries = family("shoal_ufs_retries_total")
         for kind in ("store_retryable", "store_timeout"):
             retries.add_metric([kind], RETRIES.get(kind, 0))
@@ -90,6 +92,16 @@ class WorkerCollector(Collector):
         if self._worker is not None:
             yield from _store_metrics(self._worker.store)
             yield from _service_metrics(self._worker.service)
+
+
+def _moved(moved: dict[str, Any]) -> Iterator[Metric]:
+    """Files and bytes moved when the ring moved (shoal.worker.drain ``stats()``): in
+    from previous owners, out handed over by a drain."""
+    for what in ("files", "bytes"):
+        fam = family(f"shoal_moved_{what}_total")
+        for direction in ("in", "out"):
+            fam.add_metric([direction], moved.get(f"{what}_{direction}", 0))
+        yield fam
 
 
 def _store_metrics(store: Any) -> Iterator[Metric]:

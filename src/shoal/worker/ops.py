@@ -29,7 +29,7 @@ from shoal.proto.messages import (
     TouchItem,
 )
 from shoal.store.base import Location
-from shoal.worker.handover import DirAnswers, Handover
+from shoal.worker.handover import DirAnswers, Handover, Page, Verified, revoke
 from shoal.worker.loader import Loader, Pages, Piece, fits
 from shoal.worker.stats import Stats
 
@@ -91,6 +91,8 @@ class Ops:
         self.stats = stats
         self.dirs = dirs
         self.note = note
+        #: data files whose handed-over pages were checked (stamps in LOCATE answers)
+        self.verified = Verified()
 
     async def drop(self, dataset: str, path: str, version: str, index: int) -> Answer:
         """A reader says this page failed its checksum: drop (and count) it only if the
@@ -107,7 +109,31 @@ class Ops:
             return Answer(DONE)
         if store.peek(key) == loc:  # still the bytes just checked
             store.drop_corrupt(key)  # counted by the store
+            # the data file stays (other pages live in it): move its ctime, so that no
+            # reader holding a stamp of it trusts the bad bytes (shoal.worker.handover)
+            self.verified.forget(loc.path)
+            revoke(loc.path)
         return Answer(DONE)
+
+    def _drop_bad(
+        self, dataset: str, pages: Pages, keys: dict[tuple[str, int], int]
+    ) -> Callable[[str, list[Page]], None]:
+        """What to do with pages a background check found bad: drop them (if the store
+        still holds those bytes), as a reader's DROP would."""
+        fk = FileKey(dataset, pages.info.path, pages.info.version)
+        store = self.loader.store
+
+        def drop(path: str, bad: list[Page]) -> None:
+            for off, n, ck in bad:
+                index = keys.get((path, off))
+                if index is None:
+                    continue
+                key = fk.page(index)
+                loc = store.peek(key)
+                if loc is not None and Location(path, off, n, ck, loc.tier) == loc:
+                    store.drop_corrupt(key)  # still the bytes checked: counted by the store
+
+        return drop
 
     def read_answer(self, dataset: str, pages: Pages, local: bool) -> Answer:
         total = sum(piece_len(p) for p in pages.pieces)
@@ -125,10 +151,14 @@ class Ops:
     def locate_answer(self, dataset: str, pages: Pages, ahead: int = 0) -> Answer:
         """Where the requested pages are; plus, up to ``ahead`` bytes, the already cached
         pages that follow (never fetched for this), so a sequential reader of a large
-        file needs one round trip per window instead of one per page."""
+        file needs one round trip per window instead of one per page; what is left of
+        that budget goes to the cached pages right before them, so that a random
+        reader of a file that fits the window needs one round trip, not one per
+        record-low offset it reads."""
         h = Handover()
         out: list[list[int]] = []
         pieces: list[Piece] = list(pages.pieces)
+        first = pages.first
         if ahead > 0 and pieces:
             ds = self.loader.table.get(dataset)
             ps = ds.policy.page_size
@@ -140,22 +170,41 @@ class Ops:
                 if loc is None:
                     break
                 pieces.append(loc)
+            behind: list[Piece] = []
+            stop = max(-1, first - 1 - (more - (len(pieces) - len(pages.pieces))))
+            for i in range(first - 1, stop, -1):
+                loc = self.loader.located(ds, pages.info, i, peek=True)
+                if loc is None:
+                    break
+                behind.append(loc)
+            if behind:
+                behind.reverse()
+                pieces = behind + pieces
+                first -= len(behind)
+        per_slot: list[list[Page]] = []
+        keys: dict[tuple[str, int], int] = {}
         try:
-            for p in pieces:
+            for i, p in enumerate(pieces, first):
                 slot = h.slot(p.path) if isinstance(p, Location) else None
                 if slot is None:
                     out.append([-1, 0, piece_len(p), 0])  # read it with READ instead
                 else:
                     assert isinstance(p, Location)
                     out.append([slot, p.offset, p.length, p.checksum])
+                    if slot == len(per_slot):
+                        per_slot.append([])
+                    per_slot[slot].append((p.offset, p.length, p.checksum))
+                    keys[(p.path, p.offset)] = i
         except OSError:
             h.abort()
             raise
+        drop = self._drop_bad(dataset, pages, keys)
+        stamps = self.verified.stamps(h, per_slot, drop)
         total = sum(piece_len(p) for p in pages.pieces)
         # the client reads these bytes itself, right away: they count as served locally
         self.stats.served(dataset, total - min(total, pages.ufs_bytes), pages.ufs_bytes, True)
         info = pages.info
-        reply = LocateReply(info.version, info.size, info.mtime, pages.first, out, h.ids)
+        reply = LocateReply(info.version, info.size, info.mtime, first, out, h.ids, False, stamps)
         return Answer(reply, fds=h.fds, ufs=pages.ufs_bytes > 0)
 
     def locate_dir(self, dataset: str, directory: str | None) -> Answer:

@@ -55,6 +55,8 @@ SUSPECT_FOR = 5.0
 POOL_SIZE = 8
 #: previous owners asked for one page, at most
 ASK_AT_MOST = 2
+#: what a peer answers (Unavailable) when it does not hold what a cached-only READ asks
+NOT_CACHED = "not cached here"
 
 Addr = tuple[str, int]
 
@@ -69,6 +71,8 @@ class PeerView:
     #: earlier rings, newest first, each with member -> datasets it held
     past: list[tuple[Ring, dict[str, frozenset[str]]]] = field(default_factory=list)
     addrs: dict[str, Addr] = field(default_factory=dict)
+    #: address -> whether it speaks TLS, as the worker registered (absent: not said)
+    tls: dict[Addr, bool] = field(default_factory=dict)
 
     def update(self, body: Mapping[str, Any]) -> None:
         """Take a ring answer; a malformed part is ignored (peer transfers are an
@@ -77,6 +81,7 @@ class PeerView:
             vnodes = int(body.get("vnodes", 128))
             workers = list(body.get("workers") or []) + list(body.get("peers") or [])
             addrs = {str(w["id"]): (str(w["host"]), int(w["port"])) for w in workers}
+            tls = {addrs[str(w["id"])]: t for w in workers if isinstance(t := w.get("tls"), bool)}
             ring = Ring.build(int(body["epoch"]), [str(w["id"]) for w in body["workers"]], vnodes)
             past = []
             for h in body.get("history") or []:
@@ -86,6 +91,7 @@ class PeerView:
             log.warning("ignoring a malformed ring answer: %r", exc)
             return
         self.ring, self.past, self.addrs, self.epoch = ring, past, addrs, ring.epoch
+        self.tls = tls
 
     def candidates(self, ds: Dataset, path: str) -> list[tuple[str, Addr]]:
         """The previous owners of ``/ds/path`` worth asking, in order: they owned it in
@@ -143,15 +149,21 @@ class Peers:
         self.pages_in = 0
         self.bytes_in = 0
         self.failures = 0
+        #: asks a peer answered "not cached here"
+        self.misses = 0
         #: fetches the ring again (rate limited): set by the worker
         self.refresh: Callable[[], Awaitable[None]] | None = None
-        #: TLS to peers (the worker's own TCP port speaks TLS: so do the others')
+        #: the context TLS peers are checked with (the cluster's CA; None: none known)
         self.ssl: ssl.SSLContext | None = None
+        #: this worker's own TCP port speaks TLS: peers the ring says nothing of do too
+        self.serves_tls = False
 
     async def _open(self, addr: Addr) -> _Link:
+        # TLS exactly to the peers that registered it (an older master does not say)
+        ctx = self.ssl if self.view.tls.get(addr, self.serves_tls) else None
         async with asyncio.timeout(CONNECT_TIMEOUT):
             reader, writer = await asyncio.open_connection(
-                addr[0], addr[1], ssl=self.ssl, server_hostname=addr[0] if self.ssl else None
+                addr[0], addr[1], ssl=ctx, server_hostname=addr[0] if ctx else None
             )
             link = _Link(reader, writer)
             try:
@@ -208,14 +220,23 @@ class Peers:
         for peer, addr in view.candidates(ds, path):
             if self._suspect.get(peer, 0.0) > now:
                 continue
-            req = ReadRequest(ds.name, path, index * ps, ps, version, ps)
+            # cached only: a previous owner that does not hold it says so, never fetches
+            req = ReadRequest(ds.name, path, index * ps, ps, version, ps, cached_only=True)
             try:
                 reply, data = await self.call(addr, req)
                 got = _checked(reply, data, version, index, ps)
-            except (ShoalError, OSError, TimeoutError, EOFError) as exc:
+            except ShoalError as exc:
+                if exc.code == "unavailable" and NOT_CACHED in str(exc):
+                    self.misses += 1  # evicted, or never read there: not a failure
+                    continue
                 self.failures += 1
-                if not isinstance(exc, ShoalError) or exc.code == "unavailable":
+                if exc.code == "unavailable":
                     self._suspect[peer] = time.monotonic() + SUSPECT_FOR
+                log.warning("peer %s had no %s/%s page %d: %s", peer, ds.name, path, index, exc)
+                continue
+            except (OSError, TimeoutError, EOFError) as exc:
+                self.failures += 1
+                self._suspect[peer] = time.monotonic() + SUSPECT_FOR
                 log.warning("peer %s had no %s/%s page %d: %s", peer, ds.name, path, index, exc)
                 continue
             if got is None:

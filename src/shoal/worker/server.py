@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from shoal.core.paging import pages_for_range
 from shoal.core.tokens import DATASET, MISSING, Claims, claimed_name, reason, verify
 from shoal.errors import (
     DatasetNotFound,
@@ -47,6 +48,7 @@ from shoal.errors import (
     ShoalError,
     StaleLayout,
     Unauthenticated,
+    Unavailable,
 )
 from shoal.proto import wire
 from shoal.proto.messages import (
@@ -69,9 +71,10 @@ from shoal.proto.messages import (
 from shoal.store.space import Aggregated
 from shoal.worker.conn import Conn
 from shoal.worker.handover import DirAnswers
-from shoal.worker.loader import Loader
+from shoal.worker.loader import Loader, Pages
 from shoal.worker.metrics import ReadLatency
 from shoal.worker.ops import DATASET_LOCATE_MAX, Answer, Ops
+from shoal.worker.peers import NOT_CACHED
 from shoal.worker.stats import Stats
 
 if TYPE_CHECKING:
@@ -353,6 +356,8 @@ class DataService:
             return ops.locate_dir(req.dataset, req.directory)
         loader = self.loader
         if isinstance(req, ReadRequest):
+            if req.cached_only:  # a peer's ask: never fetch (a miss is said, not loaded)
+                return ops.read_answer(req.dataset, await self._cached(req), local)
             pages = await loader.read(req.dataset, req.path, req.version, req.offset, req.length)
             return ops.read_answer(req.dataset, pages, local)
         if isinstance(req, LocateRequest):
@@ -369,3 +374,22 @@ class DataService:
         if isinstance(req, TouchRequest):
             return ops.touch(req.dataset, req.items)
         raise ProtocolError(f"op {req.OP.name} not handled")
+
+    async def _cached(self, r: ReadRequest) -> Pages:
+        """The cached pages a peer asks for (``cached_only``): no under-storage GET ever,
+        only a held version's metadata revalidated within the staleness bound (one
+        HEAD, none under "never revalidate"); Unavailable(NOT_CACHED) on any miss."""
+        loader = self.loader
+        pages = loader.try_cached(r.dataset, r.path, r.version, r.offset, r.length)
+        if pages is not None:
+            return pages
+        ds = loader.table.get(r.dataset)
+        held = loader.store.versions(ds.name, r.path)
+        if not (r.version in held if r.version is not None else len(held) == 1):
+            raise Unavailable(NOT_CACHED)
+        info, _ = await loader.resolve(ds, r.path, r.version)  # a held candidate: no GET
+        rng = pages_for_range(info.size, ds.policy.page_size, r.offset, r.length)
+        pieces = [loader.located(ds, info, i) for i in rng]
+        if any(p is None for p in pieces):
+            raise Unavailable(NOT_CACHED)
+        return Pages(info, rng.start, [p for p in pieces if p is not None])

@@ -1,0 +1,201 @@
+"""Stamps: a worker's check of a data file's handed-over pages (by file identity and
+ctime) that lets local readers skip their own checksum -- and never trust a page that
+changed after the check (shoal.worker.handover, shoal.client.local)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from shoal.client import local
+from shoal.client.cache import ClientCache, PageLoc
+from shoal.errors import ProtocolError
+from shoal.proto import messages as m
+from shoal.worker import handover
+from shoal.worker.handover import Handover, Page, Verified, check_pages, revoke
+
+PS = 4096
+
+
+def _data_file(tmp_path: Path, pages: int = 4) -> tuple[str, list[Page]]:
+    p = tmp_path / "f.data"
+    chunks = [os.urandom(PS) for _ in range(pages)]
+    p.write_bytes(b"".join(chunks))
+    return str(p), [(i * PS, PS, xxhash.xxh3_64_intdigest(c)) for i, c in enumerate(chunks)]
+
+
+def _flip(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's clock tick has moved past every ctime (deterministic, no sleep)."""
+    monkeypatch.setattr(handover, "_coarse_now", lambda: 1 << 62)
+    monkeypatch.setattr(local, "_coarse_now", lambda: 1 << 62)
+
+
+def test_check_pages_finds_bad_pages_and_only_counts_a_settled_ctime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, pages = _data_file(tmp_path)
+    st = os.stat(path)
+    monkeypatch.setattr(handover, "_coarse_now", lambda: st.st_ctime_ns + 1)
+    assert check_pages(path, st.st_dev, st.st_ino, pages) == (st.st_ctime_ns, [])
+    # another file at that path now: no answer
+    assert check_pages(path, st.st_dev, st.st_ino + 1, pages) is None
+    # the clock tick of the last change has not passed: a write now could keep the
+    # ctime, so no check stands for it
+    monkeypatch.setattr(handover, "_coarse_now", lambda: st.st_ctime_ns)
+    assert check_pages(path, st.st_dev, st.st_ino, pages) is None
+    _flip(path, PS + 7)
+    st2 = os.stat(path)
+    monkeypatch.setattr(handover, "_coarse_now", lambda: st2.st_ctime_ns + 1)
+    assert check_pages(path, st.st_dev, st.st_ino, pages) == (st2.st_ctime_ns, [pages[1]])
+
+
+def test_revoke_moves_the_ctime(tmp_path: Path) -> None:
+    path, _ = _data_file(tmp_path)
+    before = os.stat(path)
+    deadline = 200
+    while os.stat(path).st_ctime_ns == before.st_ctime_ns and deadline:
+        revoke(path)  # within one clock tick the ctime may stay: the tick moves on
+        deadline -= 1
+        asyncio.run(asyncio.sleep(0.001))
+    after = os.stat(path)
+    assert after.st_ctime_ns > before.st_ctime_ns
+    assert after.st_mode == before.st_mode and after.st_mtime_ns == before.st_mtime_ns
+
+
+def _handover(path: str) -> Handover:
+    h = Handover()
+    assert h.slot(path) == 0
+    return h
+
+
+def test_verified_stamps_after_a_check_and_not_after_a_write_or_expiry(
+    tmp_path: Path, settled: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, pages = _data_file(tmp_path)
+    now = [1000.0]
+    v = Verified(clock=lambda: now[0])
+    bad: list[list[Page]] = []
+
+    async def go() -> None:
+        h = _handover(path)
+        try:
+            assert v.stamps(h, [pages], lambda p, b: bad.append(b)) == [0]  # not checked yet
+            while v._tasks:
+                await asyncio.sleep(0.01)
+            assert v.stamps(h, [pages], lambda p, b: bad.append(b)) == [h.ctimes[0]]
+            # a page this answer hands over that was not checked: no stamp
+            other = [(0, PS, pages[0][2] ^ 1)]
+            assert v.stamps(h, [other], lambda p, b: bad.append(b)) == [0]
+            while v._tasks:
+                await asyncio.sleep(0.01)
+            assert v.stamps(h, [pages], lambda p, b: bad.append(b)) == [0]  # revoked
+        finally:
+            h.abort()
+        assert bad == [other]
+        # the bad check moved the file's ctime: no stamp of the old one holds
+        assert os.stat(path).st_ctime_ns != h.ctimes[0]
+        h2 = _handover(path)
+        try:
+            v.stamps(h2, [pages], lambda p, b: bad.append(b))
+            while v._tasks:
+                await asyncio.sleep(0.01)
+            assert v.stamps(h2, [pages], lambda p, b: bad.append(b)) == [h2.ctimes[0]]
+            now[0] += handover.VERIFY_EVERY  # the check stood long enough: check again
+            assert v.stamps(h2, [pages], lambda p, b: bad.append(b)) == [0]
+        finally:
+            h2.abort()
+        _flip(path, 5)  # a write: a new ctime, nothing checked for it
+        h3 = _handover(path)
+        try:
+            assert h3.ctimes[0] != h2.ctimes[0]
+            while v._tasks:
+                await asyncio.sleep(0.01)
+            assert v.stamps(h3, [pages[1:]], lambda p, b: bad.append(b)) == [0]
+        finally:
+            h3.abort()
+
+    asyncio.run(go())
+
+
+def _reader(
+    path: str, pages: list[Page]
+) -> tuple[ClientCache, int, list[tuple[str, str, str, int]]]:
+    c = ClientCache()
+    fd = os.open(path, os.O_RDONLY)
+    st = os.fstat(fd)
+    fk = c.add_fd((st.st_dev, st.st_ino), fd)
+    keys = []
+    for i, (off, n, ck) in enumerate(pages):
+        key = ("ds", "f", "v1", i)
+        c.locs[key] = PageLoc(fk, off, n, ck, "w", PS)
+        keys.append(key)
+    return c, st.st_ctime_ns, keys
+
+
+def test_reader_trusts_a_stamp_only_while_the_ctime_holds(tmp_path: Path, settled: None) -> None:
+    path, pages = _data_file(tmp_path)
+    want = Path(path).read_bytes()
+    c, ctime, keys = _reader(path, pages)
+    # stamped with a checksum that does not match: a stamped read does not checksum...
+    c.locs[keys[0]] = PageLoc(c.locs[keys[0]].fdkey, 0, PS, 12345, "w", PS)
+    c.verified[keys[0]] = ctime
+    assert local._page(c, keys[0], c.locs[keys[0]], 0, PS) == want[:PS]
+    # ...and an unstamped one does, whole or in part
+    assert local._page(c, keys[1], c.locs[keys[1]], 0, PS) == want[PS : 2 * PS]
+    assert c.verified[keys[1]] == ctime  # checked here: remembered for this ctime
+    _flip(path, 2 * PS + 9)  # a write behind the reader's back
+    c.verified[keys[2]] = ctime  # a stamp of the ctime before the write
+    assert local._page(c, keys[2], c.locs[keys[2]], 0, PS) is None  # checked: caught
+    assert local._page(c, keys[2], c.locs[keys[2]], 100, 200) is None
+    assert c.counters.corrupt == 2 and len(c.bad_pages) == 2
+    assert local._page(c, keys[1], c.locs[keys[1]], 0, PS) == want[PS : 2 * PS]
+    assert c.verified[keys[1]] != ctime  # checked again for the new ctime
+
+
+def test_reader_remembers_no_check_of_a_ctime_its_clock_tick_has_not_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, pages = _data_file(tmp_path)
+    c, ctime, keys = _reader(path, pages)
+    monkeypatch.setattr(local, "_coarse_now", lambda: ctime)
+    assert local._page(c, keys[0], c.locs[keys[0]], 0, PS) is not None
+    assert keys[0] not in c.verified
+
+
+def test_reader_forgets_checks_after_trust_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, pages = _data_file(tmp_path)
+    c, ctime, keys = _reader(path, pages)
+    c.verified[keys[0]] = ctime
+    local._trust_due(c, 100.0)
+    local._trust_due(c, 100.0 + local.TRUST_FOR / 2)
+    assert c.verified
+    local._trust_due(c, 101.0 + local.TRUST_FOR)
+    assert not c.verified
+
+
+def test_locate_reply_stamps_are_a_trailing_optional_field() -> None:
+    r = m.LocateReply("v", 10, 1.0, 2, [[0, 0, 10, 7]], [[1, 2]], False, [123])
+    enc = r.encode()
+    assert len(enc) == 8 and m.LocateReply.decode(enc) == r
+    old = enc[:7]  # a worker before stamps
+    assert m.LocateReply.decode(old).stamps == []
+    assert m.LocateReply.decode([*enc, "later"]).stamps == [123]  # fields after: ignored
+    # a stamp of another type never equals a ctime: the reader checks those pages
+    assert m.LocateReply.decode([*enc[:7], 5]).stamps == 5
+    with pytest.raises(ProtocolError):  # the fields before it are checked as ever
+        m.LocateReply.decode([*enc[:6], "no", [123]])
