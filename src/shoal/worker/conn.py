@@ -332,11 +332,17 @@ class Conn(asyncio.Protocol):
             self._send_fds(head, reply.fds, reply.own_fds)
         else:
             t.write(head)
-        for p in reply.pieces:
-            if isinstance(p, Location):
-                self._send_file(p)
-            else:
-                t.write(p)
+        # one open per data file per answer: a BATCH's small files share a few segments
+        fds: dict[str, int] = {}
+        try:
+            for p in reply.pieces:
+                if isinstance(p, Location):
+                    self._send_file(p, fds)
+                else:
+                    t.write(p)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def _send_fds(self, head: bytes, fds: list[int], own: bool) -> None:
         t = self.transport
@@ -359,35 +365,35 @@ class Conn(asyncio.Protocol):
                 for fd in fds:
                     os.close(fd)
 
-    def _send_file(self, loc: Location) -> None:
+    def _send_file(self, loc: Location, fds: dict[str, int]) -> None:
         t = self.transport
         assert t is not None
         off, left = loc.offset, loc.length
-        try:
-            fd = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            log.warning("cached file %s vanished: %s", loc.path, exc)
-            t.write(bytes(left))  # keep framing; the checksum makes the client retry
-            return
-        try:
-            if self._raw is not None and t.get_write_buffer_size() == 0:
-                out = self._raw.fileno()
-                while left > 0:
-                    try:
-                        n = os.sendfile(out, fd, off, left)
-                    except BlockingIOError:
-                        break
-                    if n == 0:
-                        break
-                    off += n
-                    left -= n
+        fd = fds.get(loc.path, -1)
+        if fd < 0:
+            try:
+                fd = fds[loc.path] = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                log.warning("cached file %s vanished: %s", loc.path, exc)
+                t.write(bytes(left))  # keep framing; the checksum makes the client retry
+                return
+        # the descriptor is closed by _send, after the answer's last piece
+        if self._raw is not None and t.get_write_buffer_size() == 0:
+            out = self._raw.fileno()
             while left > 0:
-                chunk = os.pread(fd, min(left, 8 << 20), off)
-                if not chunk:
-                    t.write(bytes(left))
+                try:
+                    n = os.sendfile(out, fd, off, left)
+                except BlockingIOError:
                     break
-                t.write(chunk)
-                off += len(chunk)
-                left -= len(chunk)
-        finally:
-            os.close(fd)
+                if n == 0:
+                    break
+                off += n
+                left -= n
+        while left > 0:
+            chunk = os.pread(fd, min(left, 8 << 20), off)
+            if not chunk:
+                t.write(bytes(left))
+                break
+            t.write(chunk)
+            off += len(chunk)
+            left -= len(chunk)

@@ -281,11 +281,23 @@ class Ops:
             except ShoalError as exc:
                 return exc
 
-        results = await asyncio.gather(*(one(p) for p in paths))
+        # the cached ones on the spot; a task each only for what must be fetched
+        results: list[Pages | ShoalError | None] = []
+        for name in paths:
+            try:
+                results.append(self.loader.try_cached(dataset, name, None, 0, -1))
+            except ShoalError as exc:
+                results.append(exc)
+        slow = [i for i, r in enumerate(results) if r is None]
+        if slow:
+            got = await asyncio.gather(*(one(paths[i]) for i in slow))
+            for i, r in zip(slow, got, strict=True):
+                results[i] = r
         items: list[BatchItem] = []
         pieces: list[Piece] = []
         fetched = False
         for path, res in zip(paths, results, strict=True):
+            assert res is not None
             if isinstance(res, ShoalError):
                 items.append(BatchItem.failed(path, res))
                 continue
