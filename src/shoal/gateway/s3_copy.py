@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
@@ -25,7 +24,17 @@ from aiohttp import web
 from shoal.errors import NotFound, ShoalError
 from shoal.gateway.s3_objects import CHUNK, conditions
 from shoal.gateway.s3_writes import MAX_PUT, small_body, xml_response
-from shoal.gateway.s3_xml import S3Error, doc, el, els, etag_of, from_shoal, iso_date
+from shoal.gateway.s3_xml import (
+    S3Error,
+    doc,
+    el,
+    els,
+    etag_of,
+    from_shoal,
+    iso_date,
+    local_name,
+    parse_xml,
+)
 
 if TYPE_CHECKING:
     from shoal.gateway.s3 import Ctx, S3Gateway
@@ -102,22 +111,15 @@ async def copy_object(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
 
 def parse_delete(body: bytes) -> tuple[list[str], bool]:
     """The keys of a DeleteObjects body and its Quiet flag, or MalformedXML."""
-    if b"<!DOCTYPE" in body or b"<!ENTITY" in body:
-        raise S3Error("MalformedXML", "DTDs and entities are not accepted", 400)
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
-        raise S3Error("MalformedXML", "the XML is not well-formed", 400) from None
-    if _local(root.tag) != "Delete":
-        raise S3Error("MalformedXML", "expected Delete", 400)
+    root = parse_xml(body, "Delete")
     keys: list[str] = []
     quiet = False
     for child in root:
-        name = _local(child.tag)
+        name = local_name(child.tag)
         if name == "Quiet":
             quiet = (child.text or "").strip().lower() == "true"
         elif name == "Object":
-            fields = {_local(c.tag): c.text or "" for c in child}
+            fields = {local_name(c.tag): c.text or "" for c in child}
             if "Key" not in fields:
                 raise S3Error("MalformedXML", "an Object needs a Key", 400)
             keys.append(fields["Key"])
@@ -163,7 +165,3 @@ async def delete_objects(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
         elif not quiet:
             out += "<Deleted>" + el("Key", key) + "</Deleted>"
     return xml_response(doc("DeleteResult", out))
-
-
-def _local(tag: str) -> str:
-    return tag.rpartition("}")[2]

@@ -29,7 +29,9 @@ __all__ = [
     "from_shoal",
     "http_date",
     "iso_date",
+    "local_name",
     "parse_complete",
+    "parse_xml",
 ]
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -145,19 +147,12 @@ MAX_COMPLETE_BODY = 2 << 20
 def parse_complete(body: bytes) -> list[tuple[int, str]]:
     """``[(part number, etag without quotes)]`` of a CompleteMultipartUpload body, or
     S3Error MalformedXML. Entity declarations are refused before parsing."""
-    if b"<!DOCTYPE" in body or b"<!ENTITY" in body:
-        raise S3Error("MalformedXML", "DTDs and entities are not accepted", 400)
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
-        raise S3Error("MalformedXML", "the XML is not well-formed", 400) from None
-    if _local(root.tag) != "CompleteMultipartUpload":
-        raise S3Error("MalformedXML", "expected CompleteMultipartUpload", 400)
+    root = parse_xml(body, "CompleteMultipartUpload")
     out: list[tuple[int, str]] = []
     for part in root:
-        if _local(part.tag) != "Part":
+        if local_name(part.tag) != "Part":
             continue
-        fields = {_local(c.tag): (c.text or "").strip() for c in part}
+        fields = {local_name(c.tag): (c.text or "").strip() for c in part}
         try:
             number = int(fields["PartNumber"])
             etag = fields["ETag"].strip('"')
@@ -169,5 +164,20 @@ def parse_complete(body: bytes) -> list[tuple[int, str]]:
     return out
 
 
-def _local(tag: str) -> str:
+def parse_xml(body: bytes, root_name: str) -> ET.Element:
+    """A request body's XML whose root element is ``root_name`` (any namespace), or
+    S3Error MalformedXML. Entity declarations are refused before parsing."""
+    if b"<!DOCTYPE" in body or b"<!ENTITY" in body:
+        raise S3Error("MalformedXML", "DTDs and entities are not accepted", 400)
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        raise S3Error("MalformedXML", "the XML is not well-formed", 400) from None
+    if local_name(root.tag) != root_name:
+        raise S3Error("MalformedXML", f"expected {root_name}", 400)
+    return root
+
+
+def local_name(tag: str) -> str:
+    """An element's name without its namespace."""
     return tag.rpartition("}")[2]

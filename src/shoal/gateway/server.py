@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from shoal.errors import InvalidArgument
+from shoal.core.tls import server_context
 
 __all__ = ["COPY_CHUNK", "run_http", "send_file_range", "serve_forever"]
 
@@ -39,16 +39,8 @@ _STALL_S = 60.0
 
 
 def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    if not cert and not key:
-        return None
-    if not cert or not key:
-        raise InvalidArgument("--tls-cert and --tls-key go together")
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        ctx.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise InvalidArgument(f"cannot load TLS certificate {cert}: {exc}") from None
-    return ctx
+    """The gateway's server context: the cluster's (:func:`shoal.core.tls.server_context`)."""
+    return server_context(cert, key)
 
 
 async def run_http(
