@@ -10,8 +10,6 @@ that registered it (the ring says which) and reads byte-exact from both."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
 import os
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from shoal.cli.pki import LocalPKI, local_pki
 from shoal.client.conn import Pool
 from shoal.core.tls import TLSRefused
 from shoal.errors import Unauthenticated
@@ -34,43 +33,9 @@ FILES = sample_files(10, 100, 5000, seed=141)
 BIG = os.urandom(5 << 20)  # several pages: many pieces through the TLS writes
 
 
-def make_cert(dir: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (its own CA) and its key."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    dir.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = dir / f"{name}.pem", dir / f"{name}.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    os.chmod(key_file, 0o600)
-    return cert_file, key_file
+def make_cert(dir: Path) -> LocalPKI:
+    """A CA and a certificate it signs for 127.0.0.1 (shoal up --tls's own)."""
+    return local_pki(dir, "127.0.0.1")
 
 
 class TLSCluster(TestCluster):
@@ -91,17 +56,18 @@ def tls(
     tmp_path_factory: pytest.TempPathFactory, moto: MotoServer
 ) -> Iterator[tuple[TLSCluster, Path]]:
     base = tmp_path_factory.mktemp("tls")
-    cert, key = make_cert(base / "pki", "cluster")
-    env = {**S3_ENV, "SHOAL_TLS_CA": str(cert)}
+    pki = make_cert(base / "pki")
+    cert, key = pki.cert, pki.key
+    env = {**S3_ENV, "SHOAL_TLS_CA": str(pki.ca)}
     mp = pytest.MonkeyPatch()
-    mp.setenv("SHOAL_TLS_CA", str(cert))  # this process's harness calls (the ring)
+    mp.setenv("SHOAL_TLS_CA", str(pki.ca))  # this process's harness calls (the ring)
     c = TLSCluster(base / "c", workers=2, env=env, auth=True)
     c.tls_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
     try:
         c.start()
         make_bucket(moto.endpoint, "tls-bucket", {**FILES, "big/one.bin": BIG})
         c.s3_dataset("tls-bucket", moto.endpoint, {"staleness": "never"})
-        yield c, cert
+        yield c, pki.ca
     finally:
         c.stop()
         mp.undo()
@@ -110,14 +76,14 @@ def tls(
 def test_the_cluster_speaks_tls_and_reads_are_byte_exact(
     tls: tuple[TLSCluster, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c, cert = tls
+    c, ca = tls
     assert c.master_url.startswith("https://")
     for i in range(c.workers):
         info = json.loads((c.worker_dir(i) / "worker.json").read_text())
         assert info["tls"] is True
     monkeypatch.delenv("SHOAL_TLS_CA")
     for short in (False, True):  # TCP through TLS; the short circuit (plain Unix socket)
-        with c.client(tls_ca=str(cert), short_circuit=short, ufs_fallback=False) as cl:
+        with c.client(tls_ca=str(ca), short_circuit=short, ufs_fallback=False) as cl:
             for k, v in FILES.items():
                 assert cl.read(f"/ds/data/{k}") == v
             assert cl.read("/ds/data/big/one.bin") == BIG  # cold, then warm below
@@ -148,25 +114,25 @@ def _remote_bytes(c: TLSCluster) -> float:
 def test_a_client_without_the_ca_is_refused_in_one_line(
     tls: tuple[TLSCluster, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c, _cert = tls
+    c, ca = tls
     monkeypatch.delenv("SHOAL_TLS_CA")
-    other, _ = make_cert(tmp_path / "other", "other")
+    other = make_cert(tmp_path / "other").ca
     info = json.loads((c.worker_dir(0) / "worker.json").read_text())
     addr = (info["host"], int(info["port"]))
     token = c.admin_token_file.read_text().strip()
 
-    async def read(ca: Path | None) -> bytes:
+    async def read(trust: Path | None) -> bytes:
         from shoal.core.tls import client_context
 
-        pool = Pool(addr, 1, 10.0, token=token, tls=client_context(str(ca) if ca else None))
+        pool = Pool(addr, 1, 10.0, token=token, tls=client_context(str(trust) if trust else None))
         try:
             return (await pool.call(ReadRequest("ds", "data/" + next(iter(FILES)), 0, -1))).data
         finally:
             pool.close()
 
-    for ca, words in ((None, "speaks TLS and this client does not"), (other, "not trusted")):
+    for trust, words in ((None, "speaks TLS and this client does not"), (other, "not trusted")):
         with pytest.raises(TLSRefused) as exc:
-            asyncio.run(read(ca))
+            asyncio.run(read(trust))
         msg = str(exc.value)
         assert words in msg and "SHOAL_TLS_CA" in msg and "\n" not in msg
         assert isinstance(exc.value, Unauthenticated)  # never a reason to fall back
@@ -176,7 +142,7 @@ def test_a_client_without_the_ca_is_refused_in_one_line(
     env.pop("SHOAL_TLS_CA", None)
     r = run_cli("dataset", "ls", env=env)
     assert_one_line_error(r, 2, "not trusted", "SHOAL_TLS_CA")
-    r = run_cli("dataset", "ls", env=dict(env, SHOAL_TLS_CA=str(_cert)))
+    r = run_cli("dataset", "ls", env=dict(env, SHOAL_TLS_CA=str(ca)))
     assert r.returncode == 0, r.stderr
 
 
@@ -193,9 +159,10 @@ class MixedCluster(TLSCluster):
 def test_one_client_reads_from_a_tls_worker_and_a_plain_one(
     moto: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cert, key = make_cert(tmp_path / "pki", "cluster")
-    monkeypatch.setenv("SHOAL_TLS_CA", str(cert))  # the harness's own calls (the ring)
-    c = MixedCluster(tmp_path / "c", workers=2, env={**S3_ENV, "SHOAL_TLS_CA": str(cert)}, auth=True)  # fmt: skip
+    pki = make_cert(tmp_path / "pki")
+    cert, key = pki.cert, pki.key
+    monkeypatch.setenv("SHOAL_TLS_CA", str(pki.ca))  # the harness's own calls (the ring)
+    c = MixedCluster(tmp_path / "c", workers=2, env={**S3_ENV, "SHOAL_TLS_CA": str(pki.ca)}, auth=True)  # fmt: skip
     c.tls_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
     try:
         c.start()
@@ -203,10 +170,10 @@ def test_one_client_reads_from_a_tls_worker_and_a_plain_one(
         c.s3_dataset("mixed-bucket", moto.endpoint, {"staleness": "never"})
         said = [json.loads((c.worker_dir(i) / "worker.json").read_text()) for i in (0, 1)]
         assert [w["tls"] for w in said] == [True, False]
-        ring = {w["id"]: w for w in _ring(c, cert)["workers"]}
+        ring = {w["id"]: w for w in _ring(c, pki.ca)["workers"]}
         assert [ring[w["id"]]["tls"] for w in said] == [True, False]
         monkeypatch.delenv("SHOAL_TLS_CA")
-        with c.client(tls_ca=str(cert), short_circuit=False, ufs_fallback=False) as cl:
+        with c.client(tls_ca=str(pki.ca), short_circuit=False, ufs_fallback=False) as cl:
             for _ in range(2):  # cold, then warm from both workers' caches
                 for k, v in FILES.items():
                     assert cl.read(f"/ds/data/{k}") == v

@@ -268,8 +268,7 @@ def one_cluster(cfg: RemoteConfig, say: Callable[[str], None], tls: bool) -> lis
     tls_dir = cfg.workdir / "tls" if tls else None
     tls_ca = None
     if tls_dir is not None:
-        make_cert(tls_dir, "10.213.0.0/24")
-        tls_ca = str(tls_dir / "cert.pem")
+        tls_ca = str(make_cert(tls_dir, "10.213.0.0/24"))
     paths_file = cfg.workdir / f"paths-{cfg.small_files}.txt"
     paths_file.write_text("\n".join(small_paths(cfg.small_files)))
     with _cluster(cfg, say, tls_dir) as mh:

@@ -1,14 +1,17 @@
-"""TLS for the ``remote`` workload: a self-signed certificate for the test subnet's
-addresses, and whether this tree's worker and client speak TLS yet."""
+"""TLS for the ``remote`` workload: a certificate for the test subnet's addresses
+(signed by the CA ``shoal up --tls`` would make), and whether this tree's worker and
+client speak TLS."""
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import ipaddress
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from shoal.cli.pki import local_pki
 
 
 def tls_supported() -> str | None:
@@ -25,38 +28,14 @@ def tls_supported() -> str | None:
     return None
 
 
-def make_cert(dir: Path, subnet: str) -> None:
-    """``cert.pem`` and ``key.pem`` in ``dir``: self-signed, valid for every address of
-    ``subnet`` (IP SANs), so the cert is its own CA."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    dir.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "shoal-bench")])
-    now = datetime.datetime.now(datetime.UTC)
-    sans: list[x509.GeneralName] = [x509.IPAddress(a) for a in ipaddress.ip_network(subnet).hosts()]
-    sans.append(x509.DNSName("localhost"))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
+def make_cert(dir: Path, subnet: str) -> Path:
+    """``cert.pem`` and ``key.pem`` in ``dir``, signed by the CA ``shoal up --tls`` makes
+    (:func:`shoal.cli.pki.local_pki`), valid for every address of ``subnet`` (IP SANs).
+    Returns the CA's file (what readers trust)."""
+    pki = local_pki(
+        dir / "pki", "127.0.0.1", (str(a) for a in ipaddress.ip_network(subnet).hosts())
     )
-    (dir / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (dir / "key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    shutil.copyfile(pki.cert, dir / "cert.pem")
+    shutil.copyfile(pki.key, dir / "key.pem")
     (dir / "key.pem").chmod(0o600)
+    return pki.ca

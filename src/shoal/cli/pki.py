@@ -13,6 +13,7 @@ import datetime
 import ipaddress
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,9 @@ class LocalPKI:
     key: Path
 
 
-def local_pki(dir: Path, host: str) -> LocalPKI:
-    """The CA and the server certificate for ``host`` under ``dir`` (made once)."""
+def local_pki(dir: Path, host: str, also: Iterable[str] = ()) -> LocalPKI:
+    """The CA and the server certificate for ``host`` (plus the addresses in ``also``)
+    under ``dir``, made once. Tests and benchmarks make theirs here too."""
     out = LocalPKI(dir / "ca.pem", dir / "server.pem", dir / "server.key")
     if out.ca.exists() and out.cert.exists() and out.key.exists():
         return out
@@ -67,7 +69,7 @@ def local_pki(dir: Path, host: str) -> LocalPKI:
     )
     key = ec.generate_private_key(ec.SECP256R1())
     names: list[Any] = [x509.DNSName("localhost"), x509.DNSName(socket.gethostname())]
-    ips = {"127.0.0.1", "::1"}
+    ips = {"127.0.0.1", "::1", *also}
     try:
         ipaddress.ip_address(host)
         if host not in ("0.0.0.0", "::"):
