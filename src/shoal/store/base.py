@@ -20,8 +20,8 @@ The contract is split by what callers need, each a :class:`~typing.Protocol` (ca
 type against the narrowest one; the tiers and the composite subclass them, so that a
 missing method fails at construction):
 
-- :class:`PageStore`: the seven page operations (get, locate, put, contains, delete,
-  usage, close);
+- :class:`PageStore`: the page operations (get, locate, put and put_many, contains,
+  delete, usage, close);
 - :class:`Listings`: which file versions are cached (the worker's listings, restarts
   under "never revalidate", free and sync jobs);
 - :class:`Handover`: locations handed to local readers that read the store's files
@@ -36,7 +36,7 @@ missing method fails at construction):
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -108,6 +108,11 @@ class PageStore(Protocol):
     @abstractmethod
     def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
         """Store a page (evicting as needed); False if it could not be stored."""
+
+    def put_many(self, pages: Sequence[tuple[PageKey, bytes | memoryview, PutMeta]]) -> list[bool]:
+        """Store several pages as ``put`` would one by one (a disk tier writes a run of
+        small files with one write); whether each was stored."""
+        return [self.put(key, data, meta) for key, data, meta in pages]
 
     @abstractmethod
     def contains(self, key: PageKey) -> bool: ...

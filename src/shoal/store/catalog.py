@@ -123,9 +123,24 @@ class Catalog:
         self.files[fk] = st
         if st.large:
             self.large_names.add(st.name)
-        self.datasets.setdefault(fk.dataset, {})[fk] = st
-        self.by_path.setdefault((fk.dataset, fk.path), set()).add(fk.version)
-        self.by_dir.setdefault((fk.dataset, fk.path.rpartition("/")[0]), set()).add(fk.path)
+        # no setdefault: its default would be a new dict or set per file, mostly thrown
+        # away (a load of many small files adds them by the thousand)
+        files = self.datasets.get(fk.dataset)
+        if files is None:
+            files = self.datasets[fk.dataset] = {}
+        files[fk] = st
+        where = (fk.dataset, fk.path)
+        versions = self.by_path.get(where)
+        if versions is None:
+            self.by_path[where] = {fk.version}
+        else:
+            versions.add(fk.version)
+        where = (fk.dataset, fk.path.rpartition("/")[0])
+        paths = self.by_dir.get(where)
+        if paths is None:
+            self.by_dir[where] = {fk.path}
+        else:
+            paths.add(fk.path)
 
     def add_page(self, key: PageKey, st: FileState, e: PageEntry) -> None:
         self.changes += 1

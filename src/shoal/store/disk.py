@@ -13,7 +13,8 @@ that survive a restart in :mod:`~shoal.store.index`; the directory layout in
 
 ``used`` is segment bytes (dead ones included until their segment is compacted) plus
 the bytes of the large-file pages present. The eviction unit is a small file or a whole
-large-file version. A read touches no SQLite and opens no file: a dict lookup, one
+large-file version. A run of new small files (``put_many``, :mod:`~shoal.store.runs`)
+is written with one write. A read touches no SQLite and opens no file: a dict lookup, one
 ``os.pread`` on a cached descriptor, one xxh3.
 
 The tier's room is the smaller of its declared capacity and what its filesystem
@@ -55,6 +56,7 @@ from shoal.store.index import FileRow, PageEntry, TierIndex
 from shoal.store.largefiles import LargeFiles, data_name
 from shoal.store.reclaim import Reclaimer
 from shoal.store.room import RoomKeeper
+from shoal.store.runs import RunWriter
 from shoal.store.segments import SegmentSet
 from shoal.store.space import Aggregated, FsSpace
 from shoal.store.tierhealth import HealthReporting
@@ -67,7 +69,7 @@ _checksum = xxhash.xxh3_64_intdigest
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-class DiskTier(RoomKeeper, HealthReporting, CatalogListings, Tier):
+class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
     """A :class:`~shoal.store.base.Tier` over ``spec.path``; see the module docstring.
 
     ``segment_size`` is where segments roll (default: capacity/16, 64 KiB..64 MiB);

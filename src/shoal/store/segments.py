@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from shoal.store.fds import FdCache
 from shoal.store.index import TierIndex
 
 MiB = 1 << 20
+#: buffers in one vectored write (Linux's IOV_MAX)
+_IOV_MAX = 1024
 
 
 class SegmentSet:
@@ -100,6 +102,42 @@ class SegmentSet:
         self.live_bytes += length
         self._index.set_segment(seg, offset + length)
         return seg, offset
+
+    def append_run(
+        self, keys: Sequence[Hashable], datas: Sequence[bytes | memoryview]
+    ) -> list[int]:
+        """Write the longest prefix of ``datas`` that fits the active segment (at least
+        one; a new segment when the active one is full) with ONE write, in order; their
+        offsets in :attr:`active`. On OSError none of them is recorded."""
+        first = len(datas[0])
+        seg = self._active
+        if seg is None or (self._ends[seg] > 0 and self._ends[seg] + first > self.target_size):
+            seg = self._new_segment()
+        start = end = self._ends[seg]
+        offsets: list[int] = []
+        for data in datas[:_IOV_MAX]:
+            if offsets and end + len(data) > self.target_size:
+                break
+            offsets.append(end)
+            end += len(data)
+        run = datas[: len(offsets)]
+        written = os.pwritev(self._fds.get(self.path(seg)), run, start)
+        if written != end - start:
+            # the bytes past ``start`` are garbage now; never reuse them
+            self._ends[seg] += max(0, written)
+            self.total_bytes += max(0, written)
+            raise OSError(
+                errno.ENOSPC, f"short write to segment {seg}: {written} of {end - start} bytes"
+            )
+        self._ends[seg] = end
+        self.total_bytes += end - start
+        self.live_bytes += end - start
+        self._live[seg] += end - start
+        members = self._members[seg]
+        for key, data in zip(keys, run, strict=False):
+            members[key] = len(data)
+        self._index.set_segment(seg, end)
+        return offsets
 
     def read(self, seg: int, offset: int, length: int) -> bytes:
         return os.pread(self._fds.get(self.path(seg)), length, offset)

@@ -23,13 +23,19 @@ import asyncio
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from shoal.core.types import FileInfo
-from shoal.errors import InvalidArgument, PermissionDenied, StaleVersion
+from shoal.errors import InvalidArgument, PermissionDenied, ShoalError, StaleVersion
 from shoal.ufs.base import UnderStore
-from shoal.ufs.errors import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from shoal.ufs.errors import (
+    DEFAULT_RETRY,
+    RetryPolicy,
+    backend_errors,
+    call_with_retry,
+    translate,
+)
 from shoal.ufs.fsspec_driver import check_range
 from shoal.ufs.options import check_known
 from shoal.ufs.paths import clean_rel
@@ -131,6 +137,10 @@ def _pread(full: str, start: int, end: int, version: str | None, root: str) -> b
         os.close(fd)
 
 
+#: one range of :meth:`LocalStore.read_many`: (path, start, end, version)
+Range = tuple[str, int, int, str | None]
+
+
 class LocalStore(UnderStore):
     """A directory on a local (or network-mounted) file system."""
 
@@ -162,10 +172,12 @@ class LocalStore(UnderStore):
 
         try:
             return await call_with_retry(op, self._where(rel), policy=self._retry)
-        except StaleVersion as exc:
-            raise StaleVersion(f"{self._where(rel)}: {exc.message}") from None
-        except PermissionDenied as exc:
-            raise PermissionDenied(f"{self._where(rel)}: {exc.message}") from None
+        except (StaleVersion, PermissionDenied) as exc:
+            raise self._named(rel, exc) from None
+
+    def _named(self, rel: str, exc: ShoalError) -> ShoalError:
+        """A version or root-escape refusal, its message naming the file."""
+        return type(exc)(f"{self._where(rel)}: {exc.message}")
 
     async def info(self, path: str) -> FileInfo:
         rel = clean_rel(path)
@@ -218,6 +230,46 @@ class LocalStore(UnderStore):
             return b""
         full = self._full(rel)
         return await self._call(rel, lambda: _pread(full, start, end, version, self._real))
+
+    async def read_many(self, ranges: Sequence[Range]) -> list[bytes | ShoalError]:
+        """Byte ranges of many files in ONE trip to the thread pool, each checked like
+        :meth:`read` (inside the root, at its version before and after the read; an
+        empty range opens the file too, so a changed empty file is StaleVersion).
+
+        For loads of many small files, where a thread hop per file costs more than
+        the read itself. Each result is its range's bytes or the error its read
+        raised, so one file's failure fails no other; nothing is retried here: the
+        caller fetches a file that failed retryably again with :meth:`read`, which
+        retries by the mount's policy."""
+        catch = backend_errors()
+        plan: list[tuple[str, str, int, int, str | None] | ShoalError] = []
+        for path, start, end, version in ranges:
+            try:
+                rel = clean_rel(path)
+                check_range(start, end)
+            except ShoalError as exc:
+                plan.append(exc)
+                continue
+            plan.append((rel, self._full(rel), start, end, version))
+
+        def run() -> list[bytes | ShoalError]:
+            out: list[bytes | ShoalError] = []
+            for p in plan:
+                if isinstance(p, ShoalError):
+                    out.append(p)
+                    continue
+                rel, full, start, end, version = p
+                try:
+                    out.append(_pread(full, start, end, version, self._real))
+                except (StaleVersion, PermissionDenied) as exc:
+                    out.append(self._named(rel, exc))
+                except ShoalError as exc:
+                    out.append(exc)
+                except catch as exc:
+                    out.append(translate(exc, self._where(rel)))
+            return out
+
+        return await asyncio.to_thread(run)
 
 
 def open_local(uri: str, options: Mapping[str, str]) -> LocalStore:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from shoal.core.manifest import Manifest
 from shoal.core.paging import (
@@ -36,6 +37,7 @@ from shoal.core.singleflight import SingleFlight
 from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
 from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion
 from shoal.store.base import CacheStore, Location, PutMeta
+from shoal.worker import batchload
 from shoal.worker.datasets import DatasetTable
 from shoal.worker.peers import Peers
 
@@ -348,12 +350,7 @@ class Loader:
                         rel, start, start + page_len(info.size, ps, index), info.version
                     )
                 except StaleVersion:
-                    # that version is gone from under storage: it can never be completed,
-                    # so forget it (metadata and pages); the reader retries and sees the new one
-                    self._meta.pop((ds.name, info.path), None)
-                    self.store.delete(FileKey(ds.name, info.path, info.version))
-                    self._dead.add((ds.name, info.path, info.version))
-                    self.dead_changes += 1
+                    self._version_gone(ds, info)
                     raise
             self._put(ds, info, key, data)
             return self.located(ds, info, index) or data
@@ -361,6 +358,14 @@ class Loader:
         # one fetch per page *of a layout*: a fetch begun under the old page size must
         # not answer a reader of the new one
         return await self._pages.do((key, ds.policy.page_size), fetch)
+
+    def _version_gone(self, ds: Dataset, info: FileInfo) -> None:
+        """That version is gone from under storage: it can never be completed, so forget
+        it (metadata and pages); the reader retries and sees the new one."""
+        self._meta.pop((ds.name, info.path), None)
+        self.store.delete(FileKey(ds.name, info.path, info.version))
+        self._dead.add((ds.name, info.path, info.version))
+        self.dead_changes += 1
 
     async def _from_peer(
         self, ds: Dataset, path: str, version: str | None, index: int
@@ -401,6 +406,20 @@ class Loader:
                 if self.store.get(fk.page(i)) is None:
                     raise CorruptData(f"page {i} failed verification after loading")
         return bool(missing), sum(page_len(size, ps, i) for i in missing)
+
+    def batchable(
+        self, dataset: str, items: Sequence[Sequence[Any]]
+    ) -> tuple[list[int], list[int]]:
+        """The indexes of ``items`` ([path, size, version] each) whose loads may share
+        under-storage calls (:meth:`load_many`), and those of the rest."""
+        return batchload.split(self, dataset, items)
+
+    async def load_many(
+        self, dataset: str, items: Sequence[Sequence[Any]], verify: bool
+    ) -> list[batchload.Outcome]:
+        """Load each [path, size, version] as :meth:`load` would, batching the reads of
+        small files (see :mod:`shoal.worker.batchload`); one outcome per item."""
+        return await batchload.load_many(self, dataset, items, verify)
 
     def forget_path(self, dataset: str, path: str) -> None:
         self._meta.pop((dataset, path), None)

@@ -37,6 +37,10 @@ PARALLEL_TASKS = 2
 #: concurrent directory walks while listing
 LIST_PARALLELISM = 16
 REPORT_EVERY = 0.5
+#: small files of a load task read together, in one under-storage call per group
+#: (mounts with ``read_many``: file://), and groups in flight per task
+LOAD_GROUP = 64
+GROUPS_IN_FLIGHT = 2
 #: how long a final report is retried (the master's lease on a task is 30 s)
 FINAL_REPORT_FOR = 30.0
 #: how long the master holds a task poll open, and when the worker gives up on one
@@ -196,25 +200,39 @@ class TaskRunner:
         stop = asyncio.Event()
 
         slots = asyncio.Semaphore(self.loader.concurrency)
+        group_slots = asyncio.Semaphore(GROUPS_IN_FLIGHT)
+
+        def count(i: int, path: str, outcome: tuple[bool, int] | ShoalError) -> None:
+            if isinstance(outcome, ShoalError):
+                total.files_failed += 1
+                if len(total.failures) < MAX_FAILURES:
+                    total.failures.append([path, f"{outcome.code}: {outcome.message}"])
+            elif outcome[0]:
+                total.files_done += 1
+                total.bytes_done += outcome[1]
+            else:
+                total.files_skipped += 1
+            done.add(i)
 
         async def one(i: int, path: str, size: int, version: str) -> None:
             async with slots:
-                if not stop.is_set():
-                    await load(i, path, size, version)
-
-        async def load(i: int, path: str, size: int, version: str) -> None:
-            try:
-                fetched, nbytes = await self.loader.load(ds, path, int(size), str(version), verify)
-                if fetched:
-                    total.files_done += 1
-                    total.bytes_done += nbytes
+                if stop.is_set():
+                    return
+                try:
+                    got = await self.loader.load(ds, path, int(size), str(version), verify)
+                except ShoalError as exc:
+                    count(i, path, exc)
                 else:
-                    total.files_skipped += 1
-            except ShoalError as exc:
-                total.files_failed += 1
-                if len(total.failures) < MAX_FAILURES:
-                    total.failures.append([path, f"{exc.code}: {exc.message}"])
-            done.add(i)
+                    count(i, path, got)
+
+        async def group(chunk: list[int]) -> None:
+            """Small files read together (one under-storage call for the group)."""
+            async with group_slots:
+                if stop.is_set():
+                    return
+                got = await self.loader.load_many(ds, [items[i] for i in chunk], verify)
+            for i, outcome in zip(chunk, got, strict=True):
+                count(i, items[i][0], outcome)
 
         async def reporter() -> None:
             while True:
@@ -226,9 +244,13 @@ class TaskRunner:
                 if await att.send(total):
                     stop.set()
 
+        batched, alone = self.loader.batchable(ds, items)
+        work = [one(i, *items[i]) for i in alone]
+        for k in range(0, len(batched), LOAD_GROUP):
+            work.append(group(batched[k : k + LOAD_GROUP]))
         rep = asyncio.get_running_loop().create_task(reporter())
         try:
-            await asyncio.gather(*(one(i, *it) for i, it in enumerate(items)))
+            await asyncio.gather(*work)
         finally:
             rep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
