@@ -1,7 +1,7 @@
 from dataclasses import replace
 from pathlib import Path
 
-from shoal.core.jobs import JobSpec
+from shoal.core.jobs import BATCH_FILES, JobSpec
 from shoal.core.ring import Ring
 from shoal.core.types import Dataset, Mount
 from shoal.master.jobs import LEASE, MAX_ATTEMPTS, JobManager
@@ -49,14 +49,16 @@ def test_listing_then_load_tasks_and_progress(tmp_path: Path) -> None:
     job = jm.submit(JobSpec("load", "ds"))
     lst = jm.claim("w1")
     assert lst is not None
-    entries = [[f"m/f{i}", 10, "v1", 0.0] for i in range(700)]
+    n = BATCH_FILES + 188  # two tasks: one full batch and the rest
+    entries = [[f"m/f{i}", 10, "v1", 0.0] for i in range(n)]
     jm.report(
         lst["id"],
         {"attempt": lst["attempt"], "seq": 1, "final": True, "entries": entries, "missing": []},
     )
     tasks = [jm.claim("w1"), jm.claim("w1")]
     assert all(t is not None and t["kind"] == "load" for t in tasks)
-    assert sum(len(t["items"]) for t in tasks if t) == 700  # batches of at most 512
+    assert sum(len(t["items"]) for t in tasks if t) == n  # batches of at most BATCH_FILES
+    assert max(len(t["items"]) for t in tasks if t) == BATCH_FILES
     for t in tasks:
         assert t is not None
         jm.report(
@@ -71,7 +73,7 @@ def test_listing_then_load_tasks_and_progress(tmp_path: Path) -> None:
     v = jm.get(job["id"])
     assert (v["state"], v["files_done"], v["files_total"], v["bytes_done"]) == (
         "done",
-        700,
-        700,
-        7000,
+        n,
+        n,
+        10 * n,
     )

@@ -16,7 +16,7 @@ VALID: dict[Op, list[Any]] = {
     Op.HELLO: [1],
     Op.STAT: ["ds", P, None],
     Op.LIST: ["ds", "data/000", 3],
-    Op.READ: ["ds", P, 0, -1, None, 1 << 20, 2],
+    Op.READ: ["ds", P, 0, -1, None, 1 << 20, 2, False],
     Op.BATCH: ["ds", [P, P], None],
     Op.LOCATE: ["ds", P, "v1", 0, 100, True, 256 << 20, 0, None],
     Op.TOUCH: ["ds", [[P, "v", 1, 100], [P, "", 0, 0]]],

@@ -209,12 +209,14 @@ class JobManager(WorkerShares):
 
     def claim(self, worker: str) -> dict[str, Any] | None:
         active = {j.id: j for j in self.state.jobs("WHERE state IN (?, ?)", (J.LISTING, J.RUNNING))}
+        # the candidates without their file lists: only the task handed out needs its own
         for t in self.state.tasks(
-            "WHERE worker = ? AND state = ? ORDER BY id", (worker, J.T_PENDING)
+            "WHERE worker = ? AND state = ? ORDER BY id", (worker, J.T_PENDING), with_items=False
         ):
             job = active.get(t.job)
             if job is None:
                 continue
+            t = self._whole(t)
             t.apply(J.claimed(t.machine(), self._clock(), LEASE))
             self.state.put_task(t)
             ds = self._dataset(job.spec.dataset)
