@@ -6,7 +6,7 @@ workers start through this module (``python -m shoal.testing.jobs ARGS``) rather
 sets the knobs, then runs the ordinary command line. Production code has no such knob;
 the tests use it to make many small tasks whose progress reports cross their ends:
 
-- ``batch_files``: files per load task (the master's planning; default 512);
+- ``batch_files``: files per load task (the master's planning; default core.jobs.BATCH_FILES, 4096);
 - ``report_every``: seconds between a worker's progress reports (default 0.5);
 - ``report_delay``: seconds a worker's progress report (not a final one) waits before
   it is sent, as over a slow link or to a busy master.

@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from shoal.core.types import Dataset, NsPath
+from shoal.core.types import Dataset, Mount, NsPath
 from shoal.errors import DatasetNotFound, PathOutsideDataset
 from shoal.ufs.base import UnderStore
 from shoal.ufs.registry import open_store
@@ -23,7 +23,8 @@ class DatasetTable:
     def __init__(self, cache_file: Path) -> None:
         self._file = cache_file
         self._by_name: dict[str, Dataset] = {}
-        self._ufs: dict[tuple[str, str], tuple[str, UnderStore]] = {}
+        #: (dataset, mount) -> (the mount as JSON, its driver, the Mount it was opened for)
+        self._ufs: dict[tuple[str, str], tuple[str, UnderStore, Mount]] = {}
         self.generation = -1
         self._load()
 
@@ -63,12 +64,15 @@ class DatasetTable:
     def ufs(self, ds: Dataset, mount_name: str) -> UnderStore:
         """The driver for one mount, opened once and reused while the mount is unchanged."""
         mount = ds.mount(mount_name)
-        ident = json.dumps(mount.to_dict(), sort_keys=True)
         hit = self._ufs.get((ds.name, mount_name))
+        if hit is not None and hit[2] is mount:
+            return hit[1]  # the same definition object: no need to compare it (hot path)
+        ident = json.dumps(mount.to_dict(), sort_keys=True)
         if hit is not None and hit[0] == ident:
+            self._ufs[(ds.name, mount_name)] = (ident, hit[1], mount)
             return hit[1]
         store = open_store(mount)
-        self._ufs[(ds.name, mount_name)] = (ident, store)
+        self._ufs[(ds.name, mount_name)] = (ident, store, mount)
         return store
 
     def resolve(self, dataset: str, path: str) -> tuple[Dataset, UnderStore, str]:
@@ -80,7 +84,7 @@ class DatasetTable:
         return ds, self.ufs(ds, mount), rel
 
     async def close(self) -> None:
-        for _, store in self._ufs.values():
+        for _, store, _m in self._ufs.values():
             try:
                 await store.close()
             except Exception as exc:  # closing is best effort; log what went wrong
