@@ -135,7 +135,8 @@ def test_a_restarted_worker_checks_a_file_again_before_it_stamps_it(
     # its checks were in memory only: the first reader after the restart gets none
     with cluster.client() as first:
         assert first.read(PATH, 0, 100) == data[:100]
-        assert set(_stamped(first)) == {0}, "stamped before the restarted worker checked"
+        # page 0 only if it read it locally and checked it itself; never a stamp for 1-3
+        assert set(_stamped(first)) <= {0}, "stamped before the restarted worker checked"
         assert first.read(PATH) == data
     with _until_stamped(cluster) as later:
         assert later.read(PATH) == data

@@ -39,8 +39,8 @@ PARALLEL = 8
 WINDOW = 8 << 20
 #: seconds between rate-limited ring refreshes asked for by a miss, and the longest a
 #: miss waits for one (a master that does not answer must not hold reads up)
-REFRESH_EVERY = 1.0
-REFRESH_WAIT = 1.0
+REFRESH_EVERY = 0.1
+REFRESH_WAIT = 3.0
 
 
 class Elastic:
@@ -70,8 +70,11 @@ class Elastic:
             log.debug("cannot fetch the ring: %s", exc)
 
     async def refresh(self) -> None:
-        """Fetch the ring again (a miss found the view stale): at most once a second,
-        one fetch for every caller meanwhile, waited for at most REFRESH_WAIT."""
+        """Fetch the ring again (a miss found the view stale): one fetch for every
+        caller meanwhile, at most every REFRESH_EVERY, waited for at most REFRESH_WAIT.
+        (The limit was 1 s: a view fetched just before a drain began then stayed stale,
+        and the new owner fetched the drained worker's files from the store; the wait
+        was 1 s, which a loaded master can exceed.)"""
         t = self._refresh
         if t is None or t.done():
             if time.monotonic() - self._refreshed_at < REFRESH_EVERY:
