@@ -214,19 +214,28 @@ with MDSWriter(out=sys.argv[1], columns={"i": "int", "blob": "bytes"}, size_limi
         w.write({"i": i, "blob": bytes([i % 256]) * (1000 + i)})
 """
 
+# the first pass downloads every shard through the gateway in this process; the second
+# reads the same samples in a DataLoader of 2 workers. (Downloading from 2 workers at
+# once failed 2 of ~14 runs with streaming's "Relative sample index ... is not present
+# in the shard" while the two workers fetched shards into one local directory; with a
+# byte comparison of every downloaded shard in place it did not recur in 11 runs.)
 _READ_MDS = """
 import hashlib, json, sys
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
-ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], shuffle=False, batch_size=10)
-seen = {}
-for batch in DataLoader(ds, batch_size=10, num_workers=2):
-    for i, blob in zip(batch["i"].tolist(), batch["blob"]):
-        seen[i] = hashlib.sha256(blob).hexdigest()
-print(json.dumps(seen))
+out = []
+for workers in (0, 2):
+    ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], shuffle=False, batch_size=10)
+    seen = {}
+    for batch in DataLoader(ds, batch_size=10, num_workers=workers):
+        for i, blob in zip(batch["i"].tolist(), batch["blob"]):
+            seen[i] = hashlib.sha256(blob).hexdigest()
+    out.append(seen)
+print(json.dumps(out))
 """
 
 
+@pytest.mark.timeout(900)  # the overlay is built once (a few packages from PyPI)
 def test_mosaicml_streaming(
     s3_gateway: Gateway, gw_dataset: GatewayData, gwkit: Any, tmp_path: Path
 ) -> None:
@@ -235,6 +244,9 @@ def test_mosaicml_streaming(
     shard with boto3 from S3_ENDPOINT_URL)."""
     from shoal.testing.overlay import LAST_ERROR, overlay_python
 
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is None:  # don't download the overlay only to find that out
+        pytest.skip("streaming imports PyPI's torchvision, which needs PyPI's (CUDA) torch; this venv has the CPU build")  # fmt: skip
     python = overlay_python("streaming", STREAMING_PINS)
     if python is None:
         pytest.skip(LAST_ERROR)
@@ -259,6 +271,7 @@ def test_mosaicml_streaming(
     remote = f"s3://{gw_dataset.bucket}/data/mds"
     r = subprocess.run([str(python), "-c", _READ_MDS, remote, str(tmp_path / "cache")], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    seen = {int(k): v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+    passes = json.loads(r.stdout.strip().splitlines()[-1])
     want = {i: hashlib.sha256(bytes([i % 256]) * (1000 + i)).hexdigest() for i in range(200)}
-    assert seen == want
+    for seen in passes:
+        assert {int(k): v for k, v in seen.items()} == want
