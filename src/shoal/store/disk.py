@@ -363,13 +363,25 @@ class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
             st = FileState(meta.file_size, meta.page_size)
             self._cat.add_file(fk, st)
             self._policy.add(fk)
-        now = self._clock()
+        self._record(key, st, seg, offset, data, meta, self._clock())
+
+    def _record(
+        self,
+        key: PageKey,
+        st: FileState,
+        seg: int,
+        offset: int,
+        data: bytes | memoryview,
+        meta: PutMeta,
+        now: float,
+    ) -> None:
+        """A page written at (seg, offset): into the catalog, the policy and the index."""
         e = PageEntry(
             seg, offset, len(data), _checksum(data), pinned=meta.pin,
             expires_at=meta.expires_at, last_access=now, inserted_at=now,
         )  # fmt: skip
         self._cat.add_page(key, st, e)
-        self._policy.touch(fk)
+        self._policy.touch(key.file)
         self._index.put_page(key, e)
 
     def delete(self, file: FileKey | None = None, *, dataset: str | None = None) -> int:

@@ -15,16 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import xxhash
-
 from shoal.core.types import FileKey, PageKey
 from shoal.store.base import PutMeta
 from shoal.store.catalog import Catalog, FileState
 from shoal.store.eviction import EvictionPolicy, PerDataset
-from shoal.store.index import PageEntry, TierIndex
+from shoal.store.index import TierIndex
 from shoal.store.segments import SegmentSet
-
-_checksum = xxhash.xxh3_64_intdigest
 
 Page = tuple[PageKey, bytes | memoryview, PutMeta]
 
@@ -49,6 +45,18 @@ class RunWriter:
 
     def _io_ok(self) -> None:
         raise NotImplementedError
+
+    def _record(
+        self,
+        key: PageKey,
+        st: FileState,
+        seg: int,
+        offset: int,
+        data: bytes | memoryview,
+        meta: PutMeta,
+        now: float,
+    ) -> None:
+        raise NotImplementedError  # the tier's bookkeeping of one written page
 
     def put_many(self, pages: Sequence[Page]) -> list[bool]:
         """Store several pages as :meth:`put` would one by one; whether each was stored."""
@@ -106,13 +114,7 @@ class RunWriter:
                 st = FileState(meta.file_size, meta.page_size)
                 self._cat.add_file(fk, st)
                 self._policy.add(fk)
-                e = PageEntry(
-                    seg, offset, len(data), _checksum(data), pinned=meta.pin,
-                    expires_at=meta.expires_at, last_access=now, inserted_at=now,
-                )  # fmt: skip
-                self._cat.add_page(key, st, e)
-                self._policy.touch(fk)
-                self._index.put_page(key, e)
+                self._record(key, st, seg, offset, data, meta, now)
                 out[j] = True
             left = left[len(offsets) :]
         if self._unwell:
