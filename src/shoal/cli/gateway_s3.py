@@ -28,6 +28,19 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--region", default="us-east-1", help="region the gateway reports")
     p.add_argument(
+        "--uploads-dir",
+        metavar="DIR",
+        help="where multipart uploads in flight live; replicas behind one address share "
+        "it (Kubernetes: a ReadWriteMany volume) ($TMPDIR or --spool-dir/shoal-s3-uploads-UID)",
+    )
+    p.add_argument(
+        "--upload-max-age",
+        type=float,
+        default=86_400.0,
+        metavar="SECONDS",
+        help="remove multipart uploads idle this long (86400)",
+    )
+    p.add_argument(
         "--domain",
         metavar="NAME",
         help="also accept virtual-host style requests to BUCKET.NAME",
@@ -47,6 +60,8 @@ def cmd_gateway_s3(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise InvalidArgument(f"invalid --port {args.port}")
+    if not args.upload_max_age > 0:
+        raise InvalidArgument(f"invalid --upload-max-age {args.upload_max_age}: must be > 0")
     credentials = load_credentials(args, "s3")
     tls_context(args.tls_cert, args.tls_key)  # a bad certificate fails before binding
     settings = ClientSettings(master=master_url(args))
@@ -58,6 +73,8 @@ def cmd_gateway_s3(args: argparse.Namespace) -> int:
             credentials,
             writable=frozenset(args.writable),
             spool_dir=args.spool_dir,
+            uploads_dir=args.uploads_dir,
+            upload_max_age=args.upload_max_age,
             region=args.region,
             domain=args.domain,
         )

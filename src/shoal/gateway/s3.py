@@ -12,7 +12,8 @@ query: :mod:`shoal.gateway.sigv4`), maps the caller to a shoal identity
 - bucket: HeadBucket, ListObjects v1/v2, GetBucketLocation, ListMultipartUploads,
   harmless answers to ?acl ?policy ?cors ?versioning and the other probes
 - object: HeadObject, GetObject (:mod:`shoal.gateway.s3_objects`); PutObject,
-  multipart upload, DeleteObject (:mod:`shoal.gateway.s3_writes`), CopyObject and
+  DeleteObject (:mod:`shoal.gateway.s3_writes`), multipart upload, shared by gateway
+  replicas (:mod:`shoal.gateway.s3_multipart`), CopyObject, UploadPartCopy and
   DeleteObjects (:mod:`shoal.gateway.s3_copy`), only for datasets the gateway was told
   are writable, and only for identities that may write them
 
@@ -36,11 +37,11 @@ from aiohttp import web
 from shoal.client.aio import AsyncClient
 from shoal.client.writes import Writer
 from shoal.errors import PathOutsideDataset, ShoalError
-from shoal.gateway import s3_buckets, s3_copy, s3_objects, s3_writes
+from shoal.gateway import s3_buckets, s3_copy, s3_multipart, s3_objects, s3_writes
 from shoal.gateway.auth import Credentials, Identity
 from shoal.gateway.metrics import GatewayMetrics
 from shoal.gateway.s3_listing import IndexCache
-from shoal.gateway.s3_writes import Uploads
+from shoal.gateway.s3_multipart import MAX_AGE, Uploads
 from shoal.gateway.s3_xml import S3Error, error_body, from_shoal
 from shoal.gateway.sigv4 import AuthError, HttpRequest, Verified, verify
 
@@ -87,6 +88,8 @@ class S3Gateway:
         *,
         writable: frozenset[str] = frozenset(),
         spool_dir: str | Path | None = None,
+        uploads_dir: str | Path | None = None,
+        upload_max_age: float = MAX_AGE,
         region: str = "us-east-1",
         domain: str | None = None,
     ) -> None:
@@ -100,7 +103,11 @@ class S3Gateway:
         self.writer = Writer(client)
         self.indexes = IndexCache()
         spool = Path(spool_dir) if spool_dir else Path(os.environ.get("TMPDIR", "/tmp"))
-        self.uploads = Uploads(spool / f"shoal-s3-{os.getpid()}")
+        # multipart uploads outlive this process: a fixed directory, shared by replicas
+        uploads = Path(uploads_dir) if uploads_dir else spool / f"shoal-s3-uploads-{os.getuid()}"
+        self.uploads = Uploads(
+            spool / f"shoal-s3-{os.getpid()}", uploads, upload_max_age, writes=bool(writable)
+        )
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex().upper()
 
@@ -109,6 +116,7 @@ class S3Gateway:
         # one route: the handler does S3's own routing on the raw path and query
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_cleanup.append(self._cleanup)
+        app.cleanup_ctx.append(self.uploads.sweeping)
         return app
 
     async def _cleanup(self, app: web.Application) -> None:
@@ -209,25 +217,25 @@ class S3Gateway:
             return await s3_buckets.bucket_op(self, ctx)
         if m in ("GET", "HEAD"):
             if "uploadId" in q and m == "GET":
-                return await s3_writes.list_parts(self, ctx)
+                return await s3_multipart.list_parts(self, ctx)
             if "acl" in q or "tagging" in q:
                 return await s3_buckets.object_probe(self, ctx)
             return await s3_objects.get_object(self, ctx, head=m == "HEAD")
         if m == "PUT":
             if "uploadId" in q or "partNumber" in q:
-                return await s3_writes.upload_part(self, ctx)
+                return await s3_multipart.upload_part(self, ctx)
             if "x-amz-copy-source" in ctx.request.headers:
                 return await s3_copy.copy_object(self, ctx)
             return await s3_writes.put_object(self, ctx)
         if m == "POST":
             if "uploads" in q:
-                return await s3_writes.create_upload(self, ctx)
+                return await s3_multipart.create_upload(self, ctx)
             if "uploadId" in q:
-                return await s3_writes.complete_upload(self, ctx)
+                return await s3_multipart.complete_upload(self, ctx)
             raise S3Error("NotImplemented", "this POST is not supported", 501)
         if m == "DELETE":
             if "uploadId" in q:
-                return await s3_writes.abort_upload(self, ctx)
+                return await s3_multipart.abort_upload(self, ctx)
             return await s3_writes.delete_object(self, ctx)
         raise S3Error("MethodNotAllowed", f"{m} is not allowed here", 405)
 
