@@ -114,6 +114,12 @@ class PageStore(Protocol):
         small files with one write); whether each was stored."""
         return [self.put(key, data, meta) for key, data, meta in pages]
 
+    def file_room(self) -> int | None:
+        """The most bytes one large file version can take here whole (what eviction
+        makes room up to); None = not known. The tiered composite places large files by
+        it (see :mod:`~shoal.store.demotion`)."""
+        return None
+
     @abstractmethod
     def contains(self, key: PageKey) -> bool: ...
 
@@ -217,3 +223,9 @@ class Tier(CacheStore, Protocol):
     """
 
     on_evict: EvictionSink | None
+
+    def evict(self, file: FileKey) -> int:
+        """Evict one file version now as making room would (handed to ``on_evict``,
+        then dropped); bytes freed. The composite moves a large file this way when its
+        tier refuses a page of it. Default: drop it."""
+        return self.delete(file)

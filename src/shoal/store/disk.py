@@ -46,7 +46,15 @@ from shoal.config import TierSpec
 from shoal.core.types import FileKey, PageKey
 from shoal.errors import InvalidArgument
 from shoal.store import layout
-from shoal.store.base import EvictionSink, Location, PageStore, PutMeta, Tier, Usage
+from shoal.store.base import (
+    CacheStore,
+    EvictionSink,
+    Location,
+    PageStore,
+    PutMeta,
+    Tier,
+    Usage,
+)
 from shoal.store.catalog import Catalog, CatalogListings, FileState
 from shoal.store.demotion import Demotion
 from shoal.store.eviction import PerDataset
@@ -85,7 +93,7 @@ class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
         *,
         segment_size: int | None = None,
         clock: Callable[[], float] = time.time,
-        demote_to: PageStore | None = None,
+        demote_to: CacheStore | None = None,
         on_evict: EvictionSink | None = None,
     ) -> None:
         self.spec = spec

@@ -46,6 +46,23 @@ class RoomKeeper:
         room = self._space.ceiling(self._cat.used(), need)
         return self.spec.capacity if room is None else min(self.spec.capacity, room)
 
+    def file_room(self) -> int:
+        """The most bytes one large file version can take here whole: the high
+        watermark of the room the tier really has (eviction makes room up to it)."""
+        return int(self._capacity() * self.spec.high_watermark)
+
+    def evict(self, file: FileKey) -> int:
+        """Evict one file version now, as making room would: handed to ``on_evict``
+        (demotion), then dropped; bytes freed (the tiered composite moves a large file
+        whose tier refused a page of it, instead of splitting it across tiers)."""
+        if file not in self._cat.files:
+            return 0
+        before = self._evicted_bytes
+        self._evict(file)
+        self._compact_ready()
+        self._index.maybe_flush()
+        return self._evicted_bytes - before
+
     def _no_room_reason(self, need: int) -> str:
         room = self._space.last()
         if room is not None and room < self.spec.capacity:
@@ -104,7 +121,7 @@ class RoomKeeper:
             data = None if e is None else self._read(key, e)
             if e is None or data is None or fk not in self._cat.files:
                 return
-            yield key, data, PutMeta(st.size, st.page_size, expires_at=e.expires_at)
+            yield key, data, PutMeta(st.size, st.page_size, e.pinned, e.expires_at)
 
     def _compact_ready(self) -> None:
         for seg in self._segments.take_ready():

@@ -1,12 +1,18 @@
 """TieredStore: several tiers (MEM, SSD, HDD) behind one PageStore, fastest first.
 
-Owns the placement between tiers: reads look top-down; a put goes to the highest tier
-that accepts it (a large file's pages go to the tier already holding that version, so
-that it can become complete there). It owns demotion too: each tier but the last gets
-a :class:`~shoal.store.demotion.Demotion` as its ``on_evict`` sink, so that the pages a
-tier evicts go into the first tier below it that the file's dataset allows (as the
-composite last saw it in a put; any tier if it has not seen one) instead of being
-dropped. A page read from a lower tier is not promoted.
+Owns the placement between tiers: reads look top-down; a small file goes to the highest
+tier that accepts it. A large file version lives whole in one tier, so that a complete
+one is a single data file (what ``locate_file``, a local reader's descriptor, FUSE
+passthrough and sendfile need): its first page goes to the fastest tier where it fits
+within the tier's share (:func:`~shoal.store.demotion.placement`: a file larger than
+half a tier's room skips it), its later pages to the tier holding it. If that tier
+refuses one (after evicting what it could: pinned data, a filesystem others fill), the
+version moves whole to a tier below that can hold it; only a file that no tier takes
+whole is stored across tiers (logged). It owns demotion too: each tier but the last gets
+a :class:`~shoal.store.demotion.Demotion` as its ``on_evict`` sink, so that a file
+version a tier evicts goes into a tier below it that the file's dataset allows (as the
+composite last saw it in a put; any tier if it has not seen one), a large one whole into
+one tier, instead of being dropped. A page read from a lower tier is not promoted.
 
 A tier that is down (:mod:`~shoal.store.health`) answers misses and refuses puts
 without touching its disk, so reads fall through to the tiers below and puts go to
@@ -23,8 +29,9 @@ from shoal.config import TierSpec
 from shoal.core.types import TIERS, FileKey, PageKey
 from shoal.errors import InvalidArgument
 from shoal.store.base import CacheStore, DatasetUsage, Location, PutMeta, Tier, Usage
-from shoal.store.demotion import Demotion
+from shoal.store.demotion import TOO_LARGE, Demotion, fit, placement
 from shoal.store.disk import DiskTier
+from shoal.store.space import Aggregated
 
 log = logging.getLogger("shoal.store.tiered")
 
@@ -48,6 +55,7 @@ class TieredStore(CacheStore):
         #: tier counts itself): "ttl" by :meth:`expire`, "free" by :meth:`delete` (for
         #: metrics)
         self.dropped: dict[tuple[str, str], int] = {}
+        self._warnings = Aggregated(log)
         if demote:
             for i, upper in enumerate(self.tiers[:-1]):
                 if upper.on_evict is None:
@@ -113,17 +121,53 @@ class TieredStore(CacheStore):
         if self.contains(key):
             return True
         allowed = [t for t in self.tiers if not meta.tiers or t.name in meta.tiers]
-        holder = None
         if meta.file_size > meta.page_size:
-            holder = next((t for t in allowed if t.has_file(key.file)), None)
-            if holder is not None and holder.put(key, data, meta):
+            if self._put_large(key, data, meta, allowed):
                 return True
-        if any(tier.put(key, data, meta) for tier in allowed if tier is not holder):
+        elif any(tier.put(key, data, meta) for tier in allowed):
             return True
         self._refusal = (
             "; ".join(f"{t.name}: {t.refusal() or 'refused'}" for t in allowed)
             or f"no tier allowed (the dataset allows {', '.join(meta.tiers)})"
         )
+        return False
+
+    def _put_large(
+        self, key: PageKey, data: bytes | memoryview, meta: PutMeta, allowed: list[Tier]
+    ) -> bool:
+        """A page of a large file, into the one tier that holds (or is to hold) the
+        whole version: the tier holding some of it already, else the best fit
+        (:func:`~shoal.store.demotion.placement`). Kept whole, it is one data file that a
+        local reader, FUSE passthrough or sendfile takes at once."""
+        file, size = key.file, meta.file_size
+        holder = next((t for t in allowed if t.has_file(file)), None)
+        if holder is None:
+            return any(t.put(key, data, meta) for t in placement(allowed, size))
+        if holder.put(key, data, meta):
+            return True
+        # the holder evicted what it could and still refused (pinned data, a filesystem
+        # that others fill): move the version whole to a tier below that can hold it
+        # (the holder's demotion picks it by the same rule) rather than split it
+        tried = [holder]
+        i = self.tiers.index(holder)
+        below = [t for t in allowed if self.tiers.index(t) > i]
+        if any(t.has_file(file) or fit(t, size) != TOO_LARGE for t in below):
+            holder.evict(file)
+            moved = next((t for t in below if t.has_file(file)), None)
+            if moved is not None:
+                if moved.put(key, data, meta):
+                    return True
+                tried.append(moved)
+        for t in placement(allowed, size):
+            if t not in tried and t.put(key, data, meta):
+                if any(o is not t and o.has_file(file) for o in allowed):
+                    self._warnings.note(
+                        "split",
+                        "%d pages of large files stored in another tier than the rest of "
+                        "their file in the last %.0fs (no tier took it whole; last: %s)",
+                        f"{key} in {t.name}, {size} bytes",
+                    )
+                return True
         return False
 
     def put_many(self, pages: Sequence[tuple[PageKey, bytes | memoryview, PutMeta]]) -> list[bool]:

@@ -192,6 +192,13 @@ class FaultyPageStore(Tier):
     def refusal(self) -> str:
         return self.inner.refusal()
 
+    def file_room(self) -> int | None:
+        return self.inner.file_room()
+
+    def evict(self, file: FileKey) -> int:
+        self.faults.check("evict")
+        return self.inner.evict(file)
+
     def reclaim(self, budget: int) -> bool:
         return self.inner.reclaim(budget)
 

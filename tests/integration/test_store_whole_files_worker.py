@@ -1,0 +1,54 @@
+"""A real worker keeps each large file version whole in one tier: a file within the mem
+tier's share lives in mem, a larger one (which used to fill mem and spill the rest of
+its pages to disk) in the disk tier, and a client on the host gets either as one
+descriptor (``open_local``), byte-exact."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.testing.cluster import TestCluster, start_cluster
+from shoal.testing.s3 import MotoServer, make_bucket
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def mem_worker(tmp_path: Path, s3_credentials: None) -> Iterator[TestCluster]:
+    # mem holds 7.6 MiB (its high watermark), so its share is 3.8 MiB
+    c = start_cluster(tmp_path / "cluster", workers=1, mem="8MiB", disk="64MiB")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_large_files_are_handed_over_whole_from_the_tier_that_fits_them(
+    moto: MotoServer, mem_worker: TestCluster, bucket: str
+) -> None:
+    c = mem_worker
+    rng = random.Random(5)
+    files = {"mid.bin": rng.randbytes(3 * MiB + 11), "big.bin": rng.randbytes(12 * MiB + 5)}
+    make_bucket(moto.endpoint, bucket, files)
+    c.s3_dataset(bucket, moto.endpoint)
+    ssd = str(c.worker_dir(0) / "cache") + "/"
+    in_ssd = {"mid.bin": False, "big.bin": True}
+    with c.client(short_circuit=True) as cl:
+        for name, data in files.items():
+            assert cl.read(f"/ds/data/{name}") == data  # fetched and cached by the worker
+            got = cl.open_local(f"/ds/data/{name}", load=False)
+            assert got is not None, f"{name} is not whole in one tier"
+            fd, info = got
+            try:
+                assert info.size == len(data)
+                assert os.readlink(f"/proc/self/fd/{fd}").startswith(ssd) == in_ssd[name]
+                assert os.pread(fd, len(data) + 1, 0) == data
+            finally:
+                os.close(fd)
