@@ -74,7 +74,7 @@ def profile(mh: Any, cfg: RemoteConfig, cs: list[Contender], say: Callable[[str]
         argv = [spy, "record", "-r", "250", "-f", "raw", "-o", str(rfile), "-n", "--",
                 sys.executable, "-m", "shoal.bench.remoteio", *c.argv(), "--reps", str(REPS[c.kind])]  # fmt: skip
         subprocess.run(mh.plan.exec_argv("client0", argv), capture_output=True, timeout=900,
-                       env=_env(mh.plan.host("client0").node))  # fmt: skip
+                       env={**_env(mh.plan.host("client0").node), **c.env})  # fmt: skip
         w.send_signal(signal.SIGINT)
         w.wait(60)
         lines += [f"## {c.name}", ""]

@@ -15,11 +15,15 @@ then ``read`` (or ``await read``) it, which fetches the locations so that the ne
 passthrough, ``mmap``), ``open_local(path)`` hands over a descriptor of the local
 worker's data file, and ``note_local_read(path, nbytes)`` counts what was served from it.
 
-Modules: ``aio`` (AsyncClient: reads and the counted fallback to under storage),
-``routing`` (definitions, ring, owners, suspects, pools, failover), ``shortcircuit``
-(LOCATE, LOCATE_DIR, ``read_fast``), ``local`` (the located reads themselves),
-``batch`` (``cat_many``), ``conn`` (connections and pools), ``cache`` (state that
-outlives a loop), ``hits`` (hit reports), ``control`` (the master's API), ``sync``.
+Modules: ``aio`` (AsyncClient: the facade that builds and owns the parts below, the
+reads that tie them together and the counted fallback to under storage), ``control``
+(ControlPlane: the master's API), ``routing`` (Router: definitions, ring, owners,
+suspects, pools, failover; over the control plane), ``hits`` (HitBook: hit reports;
+over the router), ``shortcircuit`` (ShortCircuit: LOCATE, LOCATE_DIR, ``read_fast``;
+over the router and hit book), ``meta`` (``stat``, ``ls``), ``local`` (the located
+reads themselves), ``batch`` (``cat_many``), ``conn`` (connections and pools),
+``cache`` (state that outlives a loop), ``sync``. Each part gets what it uses in its
+constructor; none fills in hooks of another.
 """
 
 from shoal.client.aio import AsyncClient

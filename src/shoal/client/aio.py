@@ -8,32 +8,40 @@ are a ``pread`` in the caller's process. Every page is checked against its check
 dead worker is skipped for a while and the next owner tried; when no owner can serve,
 the read falls back to under storage, counted and logged, for classified errors only.
 
-The parts, each a module: :mod:`~shoal.client.routing` (definitions, ring, owners,
-suspects, pools, failover), :mod:`~shoal.client.shortcircuit` (LOCATE, LOCATE_DIR,
-located reads, ``read_fast``), :mod:`~shoal.client.batch` (``cat_many``); here, the
-reads that tie them together and the counted fallback to under storage.
+AsyncClient is a facade over parts that it builds and owns, each handed what it uses:
+:class:`~shoal.client.control.ControlPlane` (the master's API; owns the HTTP session),
+:class:`~shoal.client.routing.Router` (definitions, ring, owners, suspects, pools,
+failover; over the control plane), :class:`~shoal.client.hits.HitBook` (TOUCH and DROP
+reports; over the router), :class:`~shoal.client.shortcircuit.ShortCircuit` (LOCATE,
+LOCATE_DIR, located reads, ``read_fast``; over the router and hit book) and
+:class:`~shoal.client.meta.Metadata` (``stat``, ``ls``); :mod:`~shoal.client.batch` is
+``cat_many``. Here: the reads that tie them together and the counted fallback to under
+storage.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
-import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from shoal.client import batch
 from shoal.client.ahead import AHEAD, Ahead
 from shoal.client.cache import ClientCache, WorkerAddr
+from shoal.client.control import ControlPlane
+from shoal.client.hits import HitBook
 from shoal.client.local import read_located, stat_path
-from shoal.client.routing import FAILOVER_LOG_EVERY, RING_RECHECK_EVERY, SUSPECT_FOR
+from shoal.client.meta import Metadata
+from shoal.client.routing import FAILOVER_LOG_EVERY, RING_RECHECK_EVERY, SUSPECT_FOR, Router
 from shoal.client.shortcircuit import DATASET_LOCATE_AFTER, LOCATE_AHEAD, ShortCircuit
 from shoal.config import ClientSettings
-from shoal.core.types import Dataset, FileInfo, NsPath, split_path
+from shoal.core.manifest import Manifest
+from shoal.core.ring import Ring
+from shoal.core.types import Dataset, FileInfo, Mount, NsPath, split_path
 from shoal.errors import (
     CorruptData,
     DatasetNotFound,
@@ -45,49 +53,124 @@ from shoal.errors import (
     StaleVersion,
     Unavailable,
 )
-from shoal.proto.messages import DropRequest, ListRequest, LocateRequest, ReadRequest, StatRequest
-from shoal.ufs.base import UnderStore
-from shoal.ufs.registry import open_store
+from shoal.proto.master_api import MasterAPI
+from shoal.proto.messages import DropRequest, LocateRequest, ReadRequest
+
+if TYPE_CHECKING:
+    from shoal.ufs.base import UnderStore
 
 log = logging.getLogger("shoal.client")
 
 
-class AsyncClient(ShortCircuit):
+class AsyncClient:
+    """The client: reads, metadata and the master's API over its parts."""
+
     def __init__(self, settings: ClientSettings, cache: ClientCache | None = None) -> None:
-        super().__init__(settings, cache)
+        self.settings = settings
+        self.cache = cache if cache is not None else ClientCache()
+        self.control = ControlPlane(settings, self.cache)
+        self.router = Router(settings, self.cache, self.control)
+        self.hits = HitBook(self.router)
+        self.short = ShortCircuit(self.router, self.hits)
+        self.meta = Metadata(self.router, self.control)
         self._ufs: dict[tuple[str, str], UnderStore] = {}
-        #: directories being listed for stats that missed (see _stat_by_listing)
-        self._listing: dict[tuple[str, str], asyncio.Task[None]] = {}
         #: sequential readers over TCP (shoal.client.ahead)
         self._ahead = Ahead(self.cache)
-        _LIVE.add(self)
+
+    @property
+    def api(self) -> MasterAPI:
+        """The master's API."""
+        return self.control.api
+
+    # -- the master's API (the control plane) and the cluster (the router) -------------
+
+    async def dataset(self, name: str, refresh: bool = False) -> Dataset:
+        """A dataset's definition: cached, or from the master (``refresh``: always)."""
+        return await self.router.dataset(name, refresh)
+
+    async def datasets(self) -> list[Dataset]:
+        return await self.control.datasets()
+
+    async def fetch_dataset(self, name: str) -> Dataset:
+        return await self.control.fetch_dataset(name)
+
+    async def create_dataset(
+        self, name: str, mounts: list[Mount], options: dict[str, str] | None = None
+    ) -> Dataset:
+        return await self.control.create_dataset(name, mounts, options)
+
+    async def update_dataset(self, name: str, options: dict[str, str]) -> Dataset:
+        return await self.control.update_dataset(name, options)
+
+    async def delete_dataset(self, name: str) -> None:
+        await self.control.delete_dataset(name)
+
+    async def manifest(self, ds: Dataset) -> Manifest | None:
+        return await self.control.manifest(ds)
+
+    async def submit_job(self, spec: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
+        return await self.control.submit_job(spec, schedule)
+
+    async def jobs(self) -> dict[str, Any]:
+        return await self.control.jobs()
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return await self.control.job(job_id)
+
+    async def stop_job(self, job_id: str) -> dict[str, Any]:
+        return await self.control.stop_job(job_id)
+
+    async def resume_job(self, job_id: str) -> dict[str, Any]:
+        return await self.control.resume_job(job_id)
+
+    async def report(self) -> dict[str, Any]:
+        return await self.control.report()
+
+    async def watch(self, since: int, timeout: float, watcher: str) -> int:
+        """See :meth:`ControlPlane.watch <shoal.client.control.ControlPlane.watch>`."""
+        return await self.control.watch(since, timeout, watcher)
+
+    async def health(self) -> dict[str, Any]:
+        return await self.control.health()
+
+    async def fetch_ring(self) -> tuple[Ring, dict[str, WorkerAddr], int | None]:
+        return await self.control.fetch_ring()
+
+    async def refresh_ring(self) -> Ring:
+        return await self.router.refresh_ring()
+
+    async def owners(self, ds: Dataset, path: str) -> list[WorkerAddr]:
+        """Workers to try for a file, in order: ring owners, then a few more for failover."""
+        return await self.router.owners(ds, path)
+
+    def is_local(self, w: WorkerAddr) -> bool:
+        return self.router.is_local(w)
+
+    # the two below: names of the old inheritance chain that tests still call
+    def _mark_suspect(self, w: WorkerAddr, exc: Exception) -> None:
+        self.router.mark_suspect(w, exc)
+
+    def _refresh_soon(self) -> None:
+        self.router.refresh_soon()
+
+    # -- hits and the short circuit -----------------------------------------------------
+
+    def note_local_read(self, path: str, nbytes: int) -> None:
+        """See :meth:`HitBook.note_local_read <shoal.client.hits.HitBook.note_local_read>`."""
+        self.hits.note_local_read(path, nbytes)
+
+    async def flush_touches(self) -> None:
+        """Tell workers about hits served from their descriptors (stats and recency)."""
+        await self.hits.flush_touches()
+
+    def read_fast(self, path: str, offset: int = 0, length: int = -1) -> bytes | None:
+        """See :meth:`ShortCircuit.read_fast <shoal.client.shortcircuit.ShortCircuit.read_fast>`."""
+        return self.short.read_fast(path, offset, length)
 
     # -- metadata -------------------------------------------------------------------
 
     async def stat(self, path: str) -> FileInfo:
-        ds, np = await self._resolve(path)
-        if not np.mount:
-            return FileInfo(str(np), 0, "", 0.0, True)
-        if not np.rel:
-            ds.mount(np.mount)
-            return FileInfo(str(np), 0, "", 0.0, True)
-        info = _complete(self.cache.info(ds, np.key_path))
-        man = await self.manifest(ds) if info is None else None
-        if man is not None:
-            e = man.get(np.key_path)
-            if e is not None:
-                info = e.info()
-                self.cache.remember(ds.name, info)
-            elif man.is_dir(np.key_path):
-                return FileInfo(str(np), 0, "", 0.0, True)
-        if info is None and man is None:
-            info = await self._stat_by_listing(ds, np)
-        if info is None:
-            req = StatRequest(ds.name, np.key_path, ds.generation)
-            info = (await self._with_failover(ds, np, req)).reply.info
-            if not info.is_dir:
-                self.cache.remember(ds.name, info)
-        return FileInfo(str(np), info.size, info.version, info.mtime, info.is_dir)
+        return await self.meta.stat(path)
 
     def stat_fast(self, path: str) -> FileInfo | None:
         """The zero-round-trip stat: what :meth:`stat` would answer from this process's
@@ -95,66 +178,8 @@ class AsyncClient(ShortCircuit):
         ``await stat(...)``). See :func:`shoal.client.local.stat_path`."""
         return stat_path(self.cache, path)
 
-    async def _stat_by_listing(self, ds: Dataset, np: NsPath) -> FileInfo | None:
-        """A stat that missed: when others missed in the same directory before, list it
-        once (one round trip for every file in it, single-flight across concurrent
-        stats) and answer from that; None when the directory is not listed now or the
-        file is not in it (then it is a stat)."""
-        directory = np.key_path.rpartition("/")[0]
-        if not self.cache.list_due(ds, directory):
-            return None
-        key = (ds.name, directory)
-        task = self._listing.get(key)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._list_for_stats(ds, directory))
-            self._listing[key] = task
-            task.add_done_callback(lambda _: self._listing.pop(key, None))
-        await asyncio.shield(task)
-        return _complete(self.cache.info(ds, np.key_path))
-
-    async def _list_for_stats(self, ds: Dataset, directory: str) -> None:
-        self.cache.dirs_listed[(ds.name, directory)] = time.monotonic()
-        np = split_path(f"/{ds.name}/{directory}")
-        try:
-            resp = await self._with_failover(ds, np, ListRequest(ds.name, directory, ds.generation))
-        except ShoalError as exc:  # the stat asks for itself
-            log.debug("listing /%s/%s for stats failed: %s", ds.name, directory, exc)
-            return
-        now = self.cache.datasets.get(ds.name)
-        if now is None or now[0].generation != ds.generation:
-            return  # a sync or policy change meanwhile: what it listed may be stale
-        for e in resp.reply.entries:
-            if not e.is_dir:
-                self.cache.remember(ds.name, e)
-
     async def ls(self, path: str) -> list[FileInfo]:
-        if split_path_or_root(path) is None:
-            return [FileInfo("/" + d.name, 0, "", 0.0, True) for d in await self.datasets()]
-        ds, np = await self._resolve(path)
-        if not np.mount:
-            return [FileInfo(f"/{ds.name}/{m.name}", 0, "", 0.0, True) for m in ds.mounts]
-        ds.mount(np.mount)
-        man = await self.manifest(ds)
-        if man is not None:
-            entry = man.get(np.key_path)
-            if man.is_dir(np.key_path):
-                entries = man.ls(np.key_path)
-            elif entry is not None:
-                entries = [entry.info()]
-            else:
-                entries = None
-        if man is not None and entries is not None:
-            return [
-                FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir)
-                for e in entries
-            ]
-        resp = await self._with_failover(ds, np, ListRequest(ds.name, np.key_path, ds.generation))
-        out = []
-        for e in resp.reply.entries:
-            if not e.is_dir:
-                self.cache.remember(ds.name, e)
-            out.append(FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir))
-        return out
+        return await self.meta.ls(path)
 
     # -- data -----------------------------------------------------------------------
 
@@ -168,15 +193,15 @@ class AsyncClient(ShortCircuit):
         imply, or an error is raised. A worker that serves another page layout (the
         dataset's page size changed) answers StaleLayout: the dataset is refreshed and
         the read tried once more in the new layout."""
-        ds, np = await self._resolve(path)
+        ds, np = await self.router.resolve(path)
         if not np.rel:
             raise IsADirectory(str(np))
         ds.mount(np.mount)
         fast = read_located(self.cache, ds, np.key_path, offset, length)
         if fast is not None:
-            self._flush_touches_maybe()
+            self.hits.flush_touches_maybe()
             return fast
-        await self._report_bad_pages()
+        await self.hits.report_bad_pages()
         ahead, key = self._ahead, np.key_path
         got = ahead.take(ds, key, offset, length)
         if got is not None:
@@ -204,7 +229,7 @@ class AsyncClient(ShortCircuit):
 
     def _served_here(self, ds: Dataset, key: str) -> bool:
         """Whether a worker on this host owns ``key`` (its reads are preads here)."""
-        return self._local_owner(ds, key) is not None and self.settings.short_circuit
+        return self.hits.local_owner(ds, key) is not None and self.settings.short_circuit
 
     def read_ahead_fast(self, path: str, offset: int, length: int) -> bytes | None:
         """What a sequential reader's next read finds read ahead, on any thread (the sync
@@ -224,7 +249,7 @@ class AsyncClient(ShortCircuit):
         last: ShoalError | None = None
         tried: dict[str, WorkerAddr] = {}
         since = time.monotonic()
-        owners = await self.owners(ds, np.key_path)
+        owners = await self.router.owners(ds, np.key_path)
         for again in (False, True):
             for w in owners:
                 tried[w.id] = w
@@ -241,12 +266,12 @@ class AsyncClient(ShortCircuit):
                         last = exc  # this worker has not caught up: the next one may have
                         break
                     except Unavailable as exc:
-                        self._mark_suspect(w, exc)
+                        self.router.mark_suspect(w, exc)
                         last = exc
                         break
             if again or not isinstance(last, Unavailable):
                 break
-            owners = await self._moved_owners(ds, np.key_path, tried, since)
+            owners = await self.router.moved_owners(ds, np.key_path, tried, since)
         if isinstance(last, Unavailable | CorruptData | StaleLayout) or last is None:
             return await self._fallback(ds, np, offset, length, last)
         raise last
@@ -256,16 +281,16 @@ class AsyncClient(ShortCircuit):
     ) -> bytes:
         info = self.cache.info(ds, path)
         version = info.version if info is not None else None
-        local = self.is_local(w)
+        local = self.router.is_local(w)
         if local:
-            data, version = await self._read_local(w, ds, path, offset, length, version)
+            data, version = await self.short.read_local(w, ds, path, offset, length, version)
             if data is not None:
                 return data
         ps = ds.policy.page_size
         req = ReadRequest(ds.name, path, offset, length, version, ps, ds.generation)
-        resp = await self._send(w, req)
+        resp = await self.router.send(w, req)
         m = resp.reply
-        if self._layout_moved(ds):
+        if self.router.layout_moved(ds):
             raise StaleLayout(f"/{ds.name}: the page size changed during the read")
         self.cache.remember(ds.name, FileInfo(path, m.size, m.version, m.mtime))
         view = memoryview(resp.data)
@@ -299,7 +324,7 @@ class AsyncClient(ShortCircuit):
             "bad checksum on /%s/%s page %d from %s; refetching", ds.name, path, index, w.id
         )
         try:
-            await self._send(w, DropRequest(ds.name, path, version, index))
+            await self.router.send(w, DropRequest(ds.name, path, version, index))
         except ShoalError as exc:
             log.debug("could not report corrupt page: %s", exc)
         raise CorruptData(f"/{ds.name}/{path} page {index} failed its checksum")
@@ -312,12 +337,16 @@ class AsyncClient(ShortCircuit):
         key = (ds.name, np.mount)
         ufs = self._ufs.get(key)
         if ufs is None:
+            # here, not at the top: shoal.ufs imports aiohttp and the fsspec drivers,
+            # which a reader that never falls back should not pay for at its first read
+            from shoal.ufs.registry import open_store
+
             ufs = self._ufs[key] = open_store(ds.mount(np.mount))
         c = self.cache.counters
         c.ufs_fallback += 1
         why = cause.code if cause is not None else "no_worker"
         c.fallback_causes[why] = c.fallback_causes.get(why, 0) + 1
-        self._warn(
+        self.router.warn(
             f"fallback {ds.name}",
             "no worker could serve %s (%s); reading under storage directly",
             np,
@@ -337,21 +366,22 @@ class AsyncClient(ShortCircuit):
         host has every page of it in one data file (a complete large file); else None.
         With ``load=False`` the worker answers from its cache only and never fetches.
         The caller owns (and closes) the descriptor. For FUSE passthrough and mmap."""
-        ds, np = await self._resolve(path)
+        router = self.router
+        ds, np = await router.resolve(path)
         if not np.rel:
             raise IsADirectory(str(np))
         ds.mount(np.mount)
-        for w in await self.owners(ds, np.key_path):
-            if not self.is_local(w):
+        for w in await router.owners(ds, np.key_path):
+            if not router.is_local(w):
                 continue
             try:
                 try:
-                    resp = await self._send(w, _whole_file(ds, np.key_path, load), True)
+                    resp = await router.send(w, _whole_file(ds, np.key_path, load), True)
                 except StaleLayout:
-                    ds = await self.dataset(ds.name, refresh=True)
-                    resp = await self._send(w, _whole_file(ds, np.key_path, load), True)
+                    ds = await router.dataset(ds.name, refresh=True)
+                    resp = await router.send(w, _whole_file(ds, np.key_path, load), True)
             except Unavailable as exc:
-                self._mark_suspect(w, exc)
+                router.mark_suspect(w, exc)
                 continue
             m = resp.reply
             if m.miss:
@@ -376,15 +406,11 @@ class AsyncClient(ShortCircuit):
 
     async def close(self) -> None:
         try:
-            await self.flush_touches()
+            await self.hits.flush_touches()
         except Exception as exc:  # closing is best effort
             log.debug("flush on close failed: %s", exc)
-        self._close_pools()
-        for task in (self._refreshing, self._ticker):
-            if task is not None:
-                task.cancel()
-        if self._http is not None:
-            await self._http.close()
+        self.router.close()
+        await self.control.close()
         for ufs in self._ufs.values():
             await ufs.close()
         self._ufs.clear()
@@ -392,63 +418,9 @@ class AsyncClient(ShortCircuit):
     def abandon(self) -> None:
         """Drop loop-bound resources without touching the loop (after fork): the
         parent's event loop does not run here, so nothing can be closed through it."""
-        self._close_pools()
-        http, self._http = self._http, None
-        if http is not None:
-            _disown(http)
+        self.router.abandon()
+        self.control.abandon()
         self._ufs.clear()
-        # the parent loop's tasks: kept, never destroyed here ("Task was destroyed but it
-        # is pending" otherwise)
-        _DISOWNED.extend(t for t in (self._refreshing, self._ticker) if t is not None)
-        self._refreshing = None
-        self._ticker = None
-
-
-#: sessions inherited through fork, kept so that no finalizer ever runs on them
-_DISOWNED: list[Any] = []
-#: every AsyncClient of this process (a forked child disowns their sessions at once)
-_LIVE: weakref.WeakSet[AsyncClient] = weakref.WeakSet()
-
-
-def _disown_all() -> None:
-    """In a forked child: every client's HTTP session is the parent's. Disowned now, not
-    at the client's next use, so a child that never uses an inherited client (a
-    DataLoader worker of a process holding one) exits without the aiohttp noise."""
-    for c in list(_LIVE):
-        http, c._http = c._http, None
-        if http is not None:
-            _disown(http)
-
-
-os.register_at_fork(after_in_child=_disown_all)
-
-
-def _disown(http: Any) -> None:
-    """Forget an aiohttp session that belongs to another process's event loop (the
-    parent's, after fork) without the "Unclosed client session" / "Unclosed connector"
-    noise its finalizers print: its connections are the parent's, so closing them here
-    is not ours to do, and the loop they need does not run in this process."""
-    try:
-        connector = http.connector
-        http.detach()  # the session is closed; the connector is left alone
-    except Exception:  # an aiohttp without these: the worst is a warning at exit
-        return
-    if connector is not None:
-        connector._closed = True  # its finalizer must not close the parent's sockets
-        _DISOWNED.append(connector)
-
-
-def split_path_or_root(path: str) -> NsPath | None:
-    p = path[len("shoal://") :] if path.startswith("shoal://") else path
-    if p.strip("/") == "":
-        return None
-    return split_path(path)
-
-
-def _complete(info: FileInfo | None) -> FileInfo | None:
-    """Cached metadata a stat can answer with: not what LOCATE_DIR taught (a located
-    small file's size and version, without its mtime)."""
-    return info if info is not None and (info.mtime_ns or info.mtime) else None
 
 
 def _expected_len(size: int, offset: int, length: int) -> int:

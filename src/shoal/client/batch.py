@@ -32,7 +32,7 @@ async def cat_many(client: AsyncClient, paths: Iterable[str]) -> dict[str, bytes
     groups: Groups = {}
     for p in paths:
         try:
-            ds, np = await client._resolve(p)
+            ds, np = await client.router.resolve(p)
             if not np.rel:
                 raise IsADirectory(str(np))
             ds.mount(np.mount)
@@ -43,13 +43,13 @@ async def cat_many(client: AsyncClient, paths: Iterable[str]) -> dict[str, bytes
         if fast is not None:
             out[p] = fast
             continue
-        owners = await client.owners(ds, np.key_path)
+        owners = await client.router.owners(ds, np.key_path)
         if not owners:
             out[p] = Unavailable("no live workers in the ring")
             continue
         groups.setdefault((ds.name, owners[0].id), []).append((p, np))
     await _locate_dirs(client, groups, out)
-    client._flush_touches_maybe()
+    client.hits.flush_touches_maybe()
     # a worker takes at most MAX_BATCH paths per BATCH: larger groups go in chunks
     await asyncio.gather(
         *(
@@ -69,10 +69,11 @@ async def _locate_dirs(
     """For local workers: learn the cached files of the batch's directories (once per
     process), then serve what that covers with pread and leave the rest to BATCH."""
     todo: list[tuple[WorkerAddr, Dataset, list[str]]] = []
+    router = client.router
     for (dsname, wid), items in groups.items():
         w = client.cache.workers.get(wid)
         hit = client.cache.datasets.get(dsname)
-        if w is None or hit is None or not client.is_local(w) or hit[0].policy.staleness != NEVER:
+        if w is None or hit is None or not router.is_local(w) or hit[0].policy.staleness != NEVER:
             continue
         dirs = {np.key_path.rpartition("/")[0] for _, np in items}
         due = [d for d in dirs if client.cache.dir_due((wid, dsname, d))]
@@ -80,7 +81,7 @@ async def _locate_dirs(
             todo.append((w, hit[0], due))
     if not todo:
         return
-    await asyncio.gather(*(client._locate_or_suspect(w, ds, dirs) for w, ds, dirs in todo))
+    await asyncio.gather(*(client.short.locate_or_suspect(w, ds, dirs) for w, ds, dirs in todo))
     for (dsname, _), items in groups.items():
         dset = client.cache.datasets[dsname][0]
         rest = []
@@ -100,14 +101,14 @@ async def _batch(
     items: list[tuple[str, NsPath]],
     out: dict[str, bytes | ShoalError],
 ) -> None:
-    ds = await client.dataset(dsname)
+    ds = await client.router.dataset(dsname)
     w = client.cache.workers[wid]
     retry: list[str] = []
     try:
         req = BatchRequest(ds.name, tuple(np.key_path for _, np in items), ds.generation)
-        resp = await client._send(w, req)
+        resp = await client.router.send(w, req)
     except Unavailable as exc:
-        client._mark_suspect(w, exc)
+        client.router.mark_suspect(w, exc)
         retry = [p for p, _ in items]
     else:
         view = memoryview(resp.data)
@@ -127,7 +128,7 @@ async def _batch(
             else:
                 out[p] = it.error()
         c = client.cache.counters
-        if client.is_local(w):
+        if client.router.is_local(w):
             c.local += 1
             c.bytes_local += len(resp.data)
         else:

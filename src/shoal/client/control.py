@@ -1,42 +1,58 @@
 """The client's side of the master's HTTP API: datasets, jobs, manifests, report.
 
-Kept apart from :class:`~shoal.client.aio.AsyncClient` (the data path), which builds on
-it; nothing here is on the read path except the dataset lookups a new client makes.
+One part of :class:`~shoal.client.aio.AsyncClient`, owned by it and handed to the
+router (:mod:`shoal.client.routing`), which decides how definitions are cached; this
+part owns the HTTP session. Nothing here is on the read path except the dataset and
+ring lookups a new client makes.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any
-
-import aiohttp
+import weakref
+from typing import TYPE_CHECKING, Any
 
 from shoal.client.cache import ClientCache, WorkerAddr
-from shoal.config import ClientSettings
+from shoal.config import ClientSettings, tls_ca_for
 from shoal.core.manifest import Manifest
 from shoal.core.ring import Ring
+from shoal.core.tls import client_context
 from shoal.core.types import NEVER, Dataset, Mount
 from shoal.errors import ProtocolError, ShoalError, Unavailable
 from shoal.proto import control as api
+from shoal.proto.lighthttp import LightHTTP
 from shoal.proto.master_api import MasterAPI
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 class ControlPlane:
-    """Master calls through one :class:`~shoal.proto.master_api.MasterAPI` over one
-    aiohttp session (created on first use, again after it was closed)."""
+    """Master calls through one :class:`~shoal.proto.master_api.MasterAPI`: GETs (all
+    a reader sends) over a :class:`~shoal.proto.lighthttp.LightHTTP`, the rest over
+    one aiohttp session, imported and created on first use (again after it was
+    closed)."""
 
     def __init__(self, settings: ClientSettings, cache: ClientCache) -> None:
         self.settings = settings
         self.cache = cache
         self._http: aiohttp.ClientSession | None = None
+        # the session's timeouts; https checked with the CA MasterAPI uses (one context)
+        ca = client_context(tls_ca_for(settings.tls_ca, settings.master))
+        self._light = LightHTTP(ca, total=30, connect=5)
         self.api = MasterAPI(
-            settings.master, self._session, token=settings.token, tls_ca=settings.tls_ca
+            settings.master,
+            self._session,
+            token=settings.token,
+            tls_ca=settings.tls_ca,
+            light=self._light,
         )
-
-    async def dataset(self, name: str, refresh: bool = False) -> Dataset:
-        raise NotImplementedError  # the data path decides how datasets are cached
+        _LIVE.add(self)
 
     def _session(self) -> aiohttp.ClientSession:
+        import aiohttp  # only for what is not a GET: jobs, writes, dataset admin
+
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, connect=5))
         return self._http
@@ -76,7 +92,8 @@ class ControlPlane:
         return Dataset.from_dict(dict(await self.api.create_dataset(ds.to_dict())))
 
     async def update_dataset(self, name: str, options: dict[str, str]) -> Dataset:
-        current = await self.dataset(name, refresh=True)
+        current = await self.fetch_dataset(name)
+        self.install(current, time.monotonic())
         policy = current.policy.with_options(options)
         return Dataset.from_dict(dict(await self.api.update_dataset(name, policy.to_dict())))
 
@@ -88,10 +105,12 @@ class ControlPlane:
         out = [Dataset.from_dict(dict(d)) for d in await self.api.datasets()]
         now = time.monotonic()
         for ds in out:
-            self._install(ds, now)
+            self.install(ds, now)
         return out
 
-    def _install(self, ds: Dataset, now: float) -> None:
+    def install(self, ds: Dataset, now: float) -> None:
+        """Keep a definition fetched at ``now``; a new generation drops what it may
+        have made stale."""
         old = self.cache.datasets.get(ds.name)
         if old is not None and old[0].generation != ds.generation:
             self.cache.forget_dataset(ds.name)  # a sync or policy change: metadata may be stale
@@ -149,3 +168,47 @@ class ControlPlane:
 
     async def health(self) -> dict[str, Any]:
         return dict(await self.api.health())
+
+    async def close(self) -> None:
+        await self._light.close()
+        if self._http is not None:
+            await self._http.close()
+
+    def abandon(self) -> None:
+        """Forget the connections without touching their loop (after fork: the parent's)."""
+        self._light.abandon()
+        http, self._http = self._http, None
+        if http is not None:
+            _disown(http)
+
+
+#: sessions inherited through fork, kept so that no finalizer ever runs on them
+_DISOWNED: list[Any] = []
+#: every ControlPlane of this process (a forked child disowns their sessions at once)
+_LIVE: weakref.WeakSet[ControlPlane] = weakref.WeakSet()
+
+
+def _disown_all() -> None:
+    """In a forked child: every session is the parent's. Disowned now, not at the
+    client's next use, so a child that never uses an inherited client (a DataLoader
+    worker of a process holding one) exits without the aiohttp noise."""
+    for c in list(_LIVE):
+        c.abandon()
+
+
+os.register_at_fork(after_in_child=_disown_all)
+
+
+def _disown(http: Any) -> None:
+    """Forget an aiohttp session that belongs to another process's event loop (the
+    parent's, after fork) without the "Unclosed client session" / "Unclosed connector"
+    noise its finalizers print: its connections are the parent's, so closing them here
+    is not ours to do, and the loop they need does not run in this process."""
+    try:
+        connector = http.connector
+        http.detach()  # the session is closed; the connector is left alone
+    except Exception:  # an aiohttp without these: the worst is a warning at exit
+        return
+    if connector is not None:
+        connector._closed = True  # its finalizer must not close the parent's sockets
+        _DISOWNED.append(connector)

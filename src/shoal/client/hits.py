@@ -3,7 +3,8 @@ a front-end's own local reads (FUSE passthrough), reported to their workers in b
 (``TOUCH``) off the read path so that ``shoal report`` counts every read once, and
 pages that failed their checksum here, reported (``DROP``) so the worker refetches them.
 
-Base of :class:`~shoal.client.aio.AsyncClient`, whose routing provides ``_send``.
+One part of :class:`~shoal.client.aio.AsyncClient`, built on its router (the owners,
+and the round trips that carry the reports); the router's ticker flushes it.
 """
 
 from __future__ import annotations
@@ -12,29 +13,31 @@ import asyncio
 import logging
 import time
 
-from shoal.client.cache import WorkerAddr
-from shoal.client.conn import Response
-from shoal.client.control import ControlPlane
 from shoal.client.local import touches_due
+from shoal.client.routing import EXTRA_OWNERS, Router
 from shoal.core.types import Dataset
 from shoal.errors import ShoalError
-from shoal.proto.messages import DropRequest, R, Request, TouchItem, TouchRequest
+from shoal.proto.messages import DropRequest, TouchItem, TouchRequest
 from shoal.proto.wire import MAX_TOUCH_ITEMS
 
 log = logging.getLogger("shoal.client")
 
-#: owners tried beyond the dataset's replicas before falling back to under storage
-EXTRA_OWNERS = 2
 
+class HitBook:
+    """The hits and bad pages of ``router``'s client, sent through ``router``."""
 
-class HitBook(ControlPlane):
-    async def _send(self, w: WorkerAddr, req: Request[R], want_fds: bool = False) -> Response[R]:
-        raise NotImplementedError  # the data path's connections (shoal.client.routing)
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.settings = router.settings
+        self.cache = router.cache
+        router.on_tick(self._tick)
 
-    def is_local(self, w: WorkerAddr) -> bool:
-        return self.settings.short_circuit and bool(w.uds) and w.node == self.settings.node
+    async def _tick(self) -> None:
+        if self.cache.touch_log:
+            await self.flush_touches()
 
-    def _flush_touches_maybe(self) -> None:
+    def flush_touches_maybe(self) -> None:
+        """Start a flush on this loop when one is due."""
         if touches_due(self.cache):
             self.cache.touched_at = time.monotonic()
             asyncio.get_running_loop().create_task(self.flush_touches())
@@ -55,14 +58,14 @@ class HitBook(ControlPlane):
         ds = hit[0]
         known = c.meta.get((name, key))
         version = known[0].version if known is not None else ""
-        wid = self._local_owner(ds, key)
+        wid = self.local_owner(ds, key)
         if wid is None:
             return
         c.counters.short_circuit += 1
         c.counters.bytes_short_circuit += nbytes
         c.touch_log.append((wid, name, key, version, 1 if version else 0, nbytes))
 
-    def _local_owner(self, ds: Dataset, key: str) -> str | None:
+    def local_owner(self, ds: Dataset, key: str) -> str | None:
         """The worker on this host that serves ``key``: its first local ring owner, else
         any worker on this host; None if none is known."""
         c = self.cache
@@ -70,14 +73,14 @@ class HitBook(ControlPlane):
         if ring is not None:
             for wid in ring.owners(f"{ds.name}/{key}", ds.policy.replicas + EXTRA_OWNERS):
                 w = c.workers.get(wid)
-                if w is not None and self.is_local(w):
+                if w is not None and self.router.is_local(w):
                     return wid
         for w in c.workers.values():
             if w.node == self.settings.node and w.uds:
                 return w.id
         return None
 
-    async def _report_bad_pages(self) -> None:
+    async def report_bad_pages(self) -> None:
         """Tell workers about located pages that failed their checksum here, so that they
         drop and refetch them before this read asks again."""
         bad, self.cache.bad_pages = self.cache.bad_pages, []
@@ -89,7 +92,7 @@ class HitBook(ControlPlane):
                 "bad checksum on /%s/%s page %d from %s; refetching", dsname, path, index, wid
             )
             try:
-                await self._send(w, DropRequest(dsname, path, version, index))
+                await self.router.send(w, DropRequest(dsname, path, version, index))
             except ShoalError as exc:
                 log.debug("could not report corrupt page: %s", exc)
 
@@ -111,6 +114,6 @@ class HitBook(ControlPlane):
                 for i in range(0, len(items), MAX_TOUCH_ITEMS):
                     try:
                         chunk = tuple(items[i : i + MAX_TOUCH_ITEMS])
-                        await self._send(w, TouchRequest(dsname, chunk))
+                        await self.router.send(w, TouchRequest(dsname, chunk))
                     except ShoalError as exc:
                         log.debug("touch to %s failed: %s", wid, exc)

@@ -5,7 +5,8 @@ its cached pages (LOCATE), of a directory's or a whole dataset's cached small fi
 Every knob of the short circuit is here or in :mod:`shoal.client.local` (the touch
 flush) and :mod:`shoal.client.cache` (``DIR_RELOCATE``).
 
-Base of :class:`~shoal.client.aio.AsyncClient`, over :mod:`shoal.client.routing`.
+One part of :class:`~shoal.client.aio.AsyncClient`, built on its router (the round
+trips) and hit book (the flush a fast read may start).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import time
 
 from shoal.client.cache import DIR_RELOCATE, PageLoc, WorkerAddr
 from shoal.client.conn import Response, TimedOut
+from shoal.client.hits import HitBook
 from shoal.client.local import TOUCH_EVERY, TOUCH_FLUSH, read_located, read_path, touches_due
-from shoal.client.routing import Routing
+from shoal.client.routing import Router
 from shoal.core.types import NEVER, Dataset, FileInfo
 from shoal.errors import ProtocolError, StaleLayout, Unavailable
 from shoal.proto.messages import LocateDirRequest, LocateReply, LocateRequest
@@ -41,7 +43,14 @@ __all__ = [
 ]
 
 
-class ShortCircuit(Routing):
+class ShortCircuit:
+    """Located reads through ``router``'s local workers; hits go to ``hits``."""
+
+    def __init__(self, router: Router, hits: HitBook) -> None:
+        self.router = router
+        self.hits = hits
+        self.cache = router.cache
+
     def read_fast(self, path: str, offset: int = 0, length: int = -1) -> bytes | None:
         """The zero-round-trip read: bytes [offset, offset+length) of ``path``
         ("/<dataset>/<mount>/<path>" or "shoal://...") when its metadata and the
@@ -51,13 +60,13 @@ class ShortCircuit(Routing):
         workers in batches (a flush is started on this client's loop when one is due)."""
         data = read_path(self.cache, path, offset, length)
         if data is not None and touches_due(self.cache):
-            loop = self._loop
+            loop = self.router.loop
             if loop is not None and not loop.is_closed():
                 self.cache.touched_at = time.monotonic()
-                asyncio.run_coroutine_threadsafe(self.flush_touches(), loop)
+                asyncio.run_coroutine_threadsafe(self.hits.flush_touches(), loop)
         return data
 
-    async def _read_local(
+    async def read_local(
         self, w: WorkerAddr, ds: Dataset, path: str, offset: int, length: int, version: str | None
     ) -> tuple[bytes | None, str | None]:
         """A read through a local worker's descriptors: (the bytes, None), or (None, the
@@ -76,7 +85,7 @@ class ShortCircuit(Routing):
         loc = LocateRequest(
             ds.name, path, version, offset, length, False, LOCATE_AHEAD, ps, ds.generation
         )
-        lresp = await self._send(w, loc, True)
+        lresp = await self.router.send(w, loc, True)
         data = self._take_locations(w, ds, path, lresp, offset, length)
         if data is not None:
             self.cache.counters.local += 1
@@ -97,7 +106,7 @@ class ShortCircuit(Routing):
         m = resp.reply
         c = self.cache
         ids = [(x[0], x[1]) for x in m.fds]
-        moved = self._layout_moved(ds)
+        moved = self.router.layout_moved(ds)
         if moved or len(resp.fds) != len(ids) or any(p[0] < 0 for p in m.pages):
             for fd in resp.fds:
                 os.close(fd)
@@ -142,18 +151,18 @@ class ShortCircuit(Routing):
                 return
         await asyncio.gather(*(self._locate_dir(w, ds, d) for d in directories))
 
-    async def _locate_or_suspect(self, w: WorkerAddr, ds: Dataset, directories: list[str]) -> None:
+    async def locate_or_suspect(self, w: WorkerAddr, ds: Dataset, directories: list[str]) -> None:
         try:
             await self._locate(w, ds, directories)
         except TimedOut as exc:
-            self._mark_suspect(w, exc)  # what it would have served goes elsewhere
+            self.router.mark_suspect(w, exc)  # what it would have served goes elsewhere
 
     async def _locate_dir(self, w: WorkerAddr, ds: Dataset, directory: str | None) -> bool:
         """Install a LOCATE_DIR answer; whether it held every cached file asked for."""
         ps = ds.policy.page_size
         try:
             req = LocateDirRequest(ds.name, directory, ps, ds.generation)
-            resp = await self._send(w, req, True)
+            resp = await self.router.send(w, req, True)
         except TimedOut:
             raise  # a hung worker: the read goes on to the next owner now
         except (Unavailable, ProtocolError, StaleLayout) as exc:
@@ -162,7 +171,7 @@ class ShortCircuit(Routing):
         m = resp.reply
         ids = [(x[0], x[1]) for x in m.fds]
         c = self.cache
-        if len(resp.fds) != len(ids) or self._layout_moved(ds):
+        if len(resp.fds) != len(ids) or self.router.layout_moved(ds):
             for fd in resp.fds:
                 os.close(fd)
             return False

@@ -393,7 +393,10 @@ def raise_for_error(status: int, body: Any) -> None:
         # an empty message: the class's own docstring says what went wrong
         raise from_code(detail["code"], message if isinstance(message, str) else "")
     if 500 <= status < 600:
-        raise Unavailable(f"master answered HTTP {status}")
+        raise Unavailable(
+            f"master answered HTTP {status} without an error body "
+            "(a proxy in the way, or the master restarting)"
+        )
     if status == 404:
-        raise NotFound(f"master answered HTTP {status}")
+        raise NotFound(f"master answered HTTP {status} without an error body")
     raise ProtocolError(f"master answered HTTP {status} without an error body")

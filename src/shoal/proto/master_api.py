@@ -10,29 +10,35 @@ and a master that cannot be reached (refused, reset, timed out) as Unavailable t
 
 It lives in ``proto`` because the worker may not import the client package. It owns no
 session: the caller passes a factory, so its timeouts, lifetime and fork handling stay
-the caller's.
+the caller's. A caller may also pass a :class:`~shoal.proto.lighthttp.LightHTTP` for
+its GETs (the client library: a reader's master calls are GETs), and then aiohttp is
+imported only by the first request that needs it: a new reader process does not pay
+its import (about 0.2 s) before its first read.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from urllib.parse import urlsplit
 
-import aiohttp
 import msgpack
-from multidict import CIMultiDict
-from yarl import URL
 
 from shoal.config import tls_ca_for, token_for
 from shoal.core.manifest import Manifest
 from shoal.core.tls import WHAT_TO_PASS, TLSRefused, client_context
 from shoal.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
 from shoal.proto import control as api
+from shoal.proto.lighthttp import BadResponse, ConnectError, LightHTTP
+
+if TYPE_CHECKING:
+    import aiohttp
 
 #: returns the aiohttp session to send on (created, or re-created, by the caller)
-SessionFactory = Callable[[], aiohttp.ClientSession]
+SessionFactory = Callable[[], "aiohttp.ClientSession"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,13 @@ def _decoded(raw: bytes) -> Any:
         return None
 
 
+class _NothingSent(Exception):
+    """The address did not take the connection: the next one may take the request."""
+
+
 class MasterAPI:
-    """The master's API at ``master`` (``http://host:port``) over ``session()``."""
+    """The master's API at ``master`` (``http://host:port``) over ``session()``; GETs
+    over ``light`` when given."""
 
     def __init__(
         self,
@@ -68,6 +79,7 @@ class MasterAPI:
         session: SessionFactory,
         token: str | None = None,
         tls_ca: str | None = None,
+        light: LightHTTP | None = None,
     ) -> None:
         #: every address the master may answer at, in order ("URL,URL,..."): a restored
         #: or standby master on another host is found without reconfiguring anyone
@@ -82,6 +94,7 @@ class MasterAPI:
         #: an https master's certificate is checked with this CA (tls_ca, else
         #: SHOAL_TLS_CA; neither: the system's CAs)
         self._ssl = client_context(tls_ca_for(tls_ca, master))
+        self._light = light
 
     @property
     def token(self) -> str | None:
@@ -96,7 +109,10 @@ class MasterAPI:
     @staticmethod
     def _shown(url: str) -> str:
         """The URL as errors name it: never with credentials a URL may carry."""
-        return str(URL(url).with_user(None)) if "@" in url else url
+        if "@" not in url:
+            return url
+        p = urlsplit(url)
+        return p._replace(netloc=p.netloc.rpartition("@")[2]).geturl()
 
     # -- transport --------------------------------------------------------------------
 
@@ -108,10 +124,68 @@ class MasterAPI:
         body: Any = None,
         packed: bool = False,
         params: Mapping[str, str] | None = None,
-        timeout: aiohttp.ClientTimeout | None = None,
+        timeout: float | None = None,
+        connect: float | None = None,
     ) -> Answer:
-        """One request; ``body`` goes as JSON, or msgpack with ``packed``. Raises the
-        ShoalError the answer carries, Unavailable when the master cannot be reached."""
+        """One request; ``body`` goes as JSON, or msgpack with ``packed``; ``timeout``
+        (and ``connect``) seconds instead of the session's. Raises the ShoalError the
+        answer carries, Unavailable when the master cannot be reached."""
+        light = self._light if method == "GET" and body is None else None
+        for tries in range(len(self.masters)):
+            url = self.master
+            try:
+                if light is not None:
+                    status, raw, headers = await self._light_send(
+                        light, url + path, params, timeout
+                    )
+                else:
+                    status, raw, headers = await self._aiohttp_send(
+                        method, url + path, body, packed, params, timeout, connect
+                    )
+                break
+            except _NothingSent as exc:
+                if tries + 1 < len(self.masters):
+                    self._at = (self._at + 1) % len(self.masters)
+                    continue
+                raise Unavailable(f"master at {self._shown(url)} unreachable: {exc}") from None
+        if status >= 400:
+            api.raise_for_error(status, _decoded(raw))
+        return Answer(status, raw, headers)
+
+    def _untrusted(self, url: str, why: object) -> TLSRefused:
+        return TLSRefused(
+            f"master at {self._shown(url)}: its TLS certificate is not trusted ({why}): "
+            f"{WHAT_TO_PASS}"
+        )
+
+    async def _light_send(
+        self, light: LightHTTP, url: str, params: Mapping[str, str] | None, timeout: float | None
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        try:
+            r = await light.get(url, self._auth, params, timeout)
+        except ssl.SSLCertVerificationError as exc:
+            raise self._untrusted(url, exc.verify_message or exc) from None
+        except ConnectError as exc:
+            raise _NothingSent(repr(exc)) from None
+        except (BadResponse, OSError, TimeoutError) as exc:
+            # the request may have arrived: it is not sent to another address
+            what = exc if isinstance(exc, BadResponse) else repr(exc)
+            raise Unavailable(f"master at {self._shown(url)} unreachable: {what}") from None
+        return r.status, r.body, r.headers
+
+    async def _aiohttp_send(
+        self,
+        method: str,
+        url: str,
+        body: Any,
+        packed: bool,
+        params: Mapping[str, str] | None,
+        timeout: float | None,
+        connect: float | None,
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        import aiohttp  # here: a reader's GETs go over LightHTTP and never import it
+        from multidict import CIMultiDict
+
         kw: dict[str, Any] = {"headers": dict(self._auth)}
         if self._ssl is not None:
             kw["ssl"] = self._ssl  # used for https:// addresses only
@@ -123,35 +197,22 @@ class MasterAPI:
         if params is not None:
             kw["params"] = dict(params)
         if timeout is not None:
-            kw["timeout"] = timeout
-        for tries in range(len(self.masters)):
-            url = self.master
-            try:
-                async with self._session().request(method, url + path, **kw) as r:
-                    status = r.status
-                    raw = await r.read()
-                    # case-insensitive, as HTTP headers are (a proxy may lowercase them)
-                    headers = CIMultiDict(r.headers)
-                break
-            except aiohttp.ClientConnectorCertificateError as exc:
-                raise TLSRefused(
-                    f"master at {self._shown(url)}: its TLS certificate is not trusted "
-                    f"({getattr(exc.certificate_error, 'verify_message', exc)}): {WHAT_TO_PASS}"
-                ) from None
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                # nothing was sent: the next address may take the request
-                if tries + 1 < len(self.masters):
-                    self._at = (self._at + 1) % len(self.masters)
-                    continue
-                raise Unavailable(f"master at {self._shown(url)} unreachable: {exc!r}") from None
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                # OSError: NotFound and PermissionDenied are OSErrors too, but none is
-                # raised inside this block; what lands here is the connection's failure.
-                # The request may have arrived: it is not sent to another address.
-                raise Unavailable(f"master at {self._shown(url)} unreachable: {exc!r}") from None
-        if status >= 400:
-            api.raise_for_error(status, _decoded(raw))
-        return Answer(status, raw, headers)
+            kw["timeout"] = aiohttp.ClientTimeout(total=timeout, connect=connect)
+        try:
+            async with self._session().request(method, url, **kw) as r:
+                raw = await r.read()
+                # case-insensitive, as HTTP headers are (a proxy may lowercase them)
+                return r.status, raw, CIMultiDict(r.headers)
+        except aiohttp.ClientConnectorCertificateError as exc:
+            why = getattr(exc.certificate_error, "verify_message", exc)
+            raise self._untrusted(url, why) from None
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise _NothingSent(repr(exc)) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # OSError: NotFound and PermissionDenied are OSErrors too, but none is
+            # raised inside this block; what lands here is the connection's failure.
+            # The request may have arrived: it is not sent to another address.
+            raise Unavailable(f"master at {self._shown(url)} unreachable: {exc!r}") from None
 
     async def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         """:meth:`send` and decode the answer's JSON."""
@@ -177,8 +238,7 @@ class MasterAPI:
         wait = min(max(0.0, timeout), api.WATCH_MAX_TIMEOUT)
         params = {"since": str(int(since)), "timeout": repr(wait), "watcher": watcher}
         # the poll is held open on purpose: longer than a session's default timeout
-        hold = aiohttp.ClientTimeout(total=wait + 15, connect=5)
-        data = await self.call("GET", api.WATCH, params=params, timeout=hold)
+        data = await self.call("GET", api.WATCH, params=params, timeout=wait + 15, connect=5)
         gen = data.get("datasets_generation") if isinstance(data, dict) else None
         if not isinstance(gen, int):
             raise ProtocolError("master sent a watch answer without datasets_generation")
@@ -254,6 +314,8 @@ class MasterAPI:
     async def backup(self, out: BinaryIO) -> int:
         """Stream the master's online backup (a tar, see shoal.master.backup) into
         ``out``; returns the bytes written. A backup may be large: no total timeout."""
+        import aiohttp
+
         url = self.master
         hold = aiohttp.ClientTimeout(total=None, connect=10, sock_read=300)
         try:
@@ -297,8 +359,7 @@ class MasterAPI:
         """Long-poll for a task (``wait`` seconds on the master, the request given up
         after ``hold``); None when none came."""
         params = {"wait": repr(float(wait))}
-        timeout = aiohttp.ClientTimeout(total=hold)
-        data = await self._object("GET", api.claim_path(worker_id), params=params, timeout=timeout)
+        data = await self._object("GET", api.claim_path(worker_id), params=params, timeout=hold)
         task = data.get("task")
         if task is not None and not isinstance(task, dict):
             raise ProtocolError("master sent a task that is not an object")

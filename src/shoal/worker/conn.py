@@ -2,8 +2,11 @@
 time. Each frame is checked against the limits of shoal.proto.wire before its body is
 buffered, decoded into a typed request (shoal.proto.messages), answered on the spot
 when :meth:`DataService.try_fast` can, else in a task. Answers leave with
-``os.sendfile`` from the page store's files when the socket can take them, and
-descriptors travel to local clients with SCM_RIGHTS in the answer's own ``sendmsg``.
+``os.sendfile`` from the page store's files; when the socket is full the rest follows
+with ``sendfile`` as it drains (no page is read into the worker, and no request of
+the connection is read until its answer is out), and descriptors travel to local
+clients with SCM_RIGHTS in the answer's own ``sendmsg``. Over TLS pages are read and
+written through the transport (it encrypts in user space).
 
 The first frame of a connection must be a HELLO of this protocol version (see
 shoal.proto.wire): any other op before it, or a HELLO of another version, is answered
@@ -24,6 +27,7 @@ import os
 import socket
 import struct
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.tokens import Claims
@@ -37,6 +41,7 @@ from shoal.proto.messages import (
 )
 from shoal.proto.wire import Op
 from shoal.store.base import Location
+from shoal.worker.loader import Piece
 from shoal.worker.ops import Answer, piece_len
 
 if TYPE_CHECKING:
@@ -46,6 +51,19 @@ if TYPE_CHECKING:
 _TIMED = {Op.READ: "read", Op.LOCATE: "locate", Op.BATCH: "batch"}
 
 log = logging.getLogger("shoal.worker.server")
+
+
+@dataclass(slots=True)
+class _Out:
+    """An answer's pieces not yet handed to the socket (its header already is)."""
+
+    pieces: list[Piece]
+    #: the piece being sent, and where its next byte is (-1: not started)
+    i: int = 0
+    off: int = -1
+    left: int = 0
+    #: one open per data file per answer: a BATCH's small files share a few segments
+    fds: dict[str, int] = field(default_factory=dict)
 
 
 class Conn(asyncio.Protocol):
@@ -73,6 +91,11 @@ class Conn(asyncio.Protocol):
         #: reading paused (a request in flight or answers not taken); writing paused
         self._paused = False
         self._wpaused = False
+        #: the answer whose pages are still going out with sendfile, as the socket
+        #: drains (no request is read meanwhile: one answer at a time)
+        self._out: _Out | None = None
+        self._sending = False
+        self._waiting_writable = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -121,6 +144,7 @@ class Conn(asyncio.Protocol):
         return name[0] if isinstance(name, tuple) and name else name
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._end_out()
         if self._hello_timer is not None:
             self._hello_timer.cancel()
             self._hello_timer = None
@@ -142,7 +166,8 @@ class Conn(asyncio.Protocol):
 
     def sweep(self) -> None:
         """Called every quarter of the idle timeout: close this connection once it has
-        received nothing for four sweeps in a row with no request in flight."""
+        received nothing and taken none of its answer for four sweeps in a row with no
+        request in flight (a peer that stops reading mid-answer is closed too)."""
         if self.busy or self.ticks != self._swept_ticks:
             self._swept_ticks = self.ticks
             self._quiet = 0
@@ -156,7 +181,7 @@ class Conn(asyncio.Protocol):
             return  # refused or closing: nothing more is read
         self.ticks += 1
         self.buf += data
-        if self.busy or self._wpaused:
+        if self.busy or self._sending or self._wpaused:
             # one request in flight per connection, and its answer not yet taken: no
             # client sends ahead, so whoever does is held to what the kernel buffers
             if not self._paused:
@@ -174,7 +199,7 @@ class Conn(asyncio.Protocol):
         self._go_on()
 
     def _go_on(self) -> None:
-        if self.busy or self._wpaused or self.transport is None:
+        if self.busy or self._sending or self._wpaused or self.transport is None:
             return
         if self._paused:
             self._paused = False
@@ -188,7 +213,7 @@ class Conn(asyncio.Protocol):
 
     def _next(self) -> None:
         hdr = wire.REQ_HDR.size
-        while not self.busy and not self._wpaused and self.transport is not None:
+        while not (self.busy or self._sending or self._wpaused) and self.transport is not None:
             buf = self.buf
             if len(buf) < hdr:
                 return
@@ -332,16 +357,65 @@ class Conn(asyncio.Protocol):
             self._send_fds(head, reply.fds, reply.own_fds)
         else:
             t.write(head)
-        # one open per data file per answer: a BATCH's small files share a few segments
-        fds: dict[str, int] = {}
+        if reply.pieces:
+            self._out = _Out(reply.pieces)
+            try:
+                self._pump()
+            except BaseException:
+                self._end_out()
+                raise
+
+    def _pump(self) -> bool:
+        """Hand the socket what it takes of the pending answer; True once all of it is
+        (or the connection is gone), False while it waits for the socket to drain."""
+        out, t = self._out, self.transport
+        if out is None:
+            return True
+        if t is None:
+            self._end_out()
+            return True
+        pieces = out.pieces
+        while out.i < len(pieces):
+            p = pieces[out.i]
+            if isinstance(p, Location):
+                if not self._send_file(p, out):
+                    return False
+            else:
+                t.write(p)
+            out.i += 1
+            out.off = -1
+        self._end_out()
+        return True
+
+    def _writable(self) -> None:
+        """The socket drained while an answer's pages wait: send on, and once it is all
+        out, read the next request."""
+        self.ticks += 1  # the peer takes its answer: not idle (sweep), however long it is
         try:
-            for p in reply.pieces:
-                if isinstance(p, Location):
-                    self._send_file(p, fds)
-                else:
-                    t.write(p)
-        finally:
-            for fd in fds.values():
+            done = self._pump()
+        except OSError as exc:
+            self.service.note("answers that could not be sent", f"{self.peer}: {exc}")
+            self._end_out()
+            self._close()
+            return
+        except Exception as exc:
+            self.service.internal(Op.READ, exc)
+            self._end_out()
+            self._close()
+            return
+        if done:
+            self._go_on()
+
+    def _end_out(self) -> None:
+        out = self._out
+        self._out = None
+        self._sending = False
+        if self._waiting_writable:
+            self._waiting_writable = False
+            if self._raw is not None:
+                asyncio.get_running_loop().remove_writer(self._raw.fileno())
+        if out is not None:
+            for fd in out.fds.values():
                 os.close(fd)
 
     def _send_fds(self, head: bytes, fds: list[int], own: bool) -> None:
@@ -365,35 +439,45 @@ class Conn(asyncio.Protocol):
                 for fd in fds:
                     os.close(fd)
 
-    def _send_file(self, loc: Location, fds: dict[str, int]) -> None:
+    def _send_file(self, loc: Location, out: _Out) -> bool:
+        """Send one located piece: ``sendfile`` while the socket takes it (False: it is
+        full, and the rest follows when it drains), else (TLS, or bytes of this answer
+        still queued in the transport) read and written through the transport."""
         t = self.transport
         assert t is not None
-        off, left = loc.offset, loc.length
-        fd = fds.get(loc.path, -1)
+        if out.off < 0:
+            out.off, out.left = loc.offset, loc.length
+        fd = out.fds.get(loc.path, -1)
         if fd < 0:
             try:
-                fd = fds[loc.path] = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = out.fds[loc.path] = os.open(loc.path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
                 log.warning("cached file %s vanished: %s", loc.path, exc)
-                t.write(bytes(left))  # keep framing; the checksum makes the client retry
-                return
-        # the descriptor is closed by _send, after the answer's last piece
-        if self._raw is not None and t.get_write_buffer_size() == 0:
-            out = self._raw.fileno()
-            while left > 0:
+                t.write(bytes(out.left))  # keep framing; the checksum makes the client retry
+                return True
+        # the descriptor is closed by _end_out, after the answer's last piece
+        raw = self._raw
+        if raw is not None and t.get_write_buffer_size() == 0:
+            sock = raw.fileno()
+            while out.left > 0:
                 try:
-                    n = os.sendfile(out, fd, off, left)
+                    n = os.sendfile(sock, fd, out.off, out.left)
                 except BlockingIOError:
-                    break
+                    if not self._waiting_writable:
+                        asyncio.get_running_loop().add_writer(sock, self._writable)
+                        self._waiting_writable = True
+                    self._sending = True
+                    return False
                 if n == 0:
-                    break
-                off += n
-                left -= n
-        while left > 0:
-            chunk = os.pread(fd, min(left, 8 << 20), off)
+                    break  # the file is shorter than its location says
+                out.off += n
+                out.left -= n
+        while out.left > 0:
+            chunk = os.pread(fd, min(out.left, 8 << 20), out.off)
             if not chunk:
-                t.write(bytes(left))
+                t.write(bytes(out.left))
                 break
             t.write(chunk)
-            off += len(chunk)
-            left -= len(chunk)
+            out.off += len(chunk)
+            out.left -= len(chunk)
+        return True
