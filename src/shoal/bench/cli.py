@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contender", action="append", default=[], help="only these (repeat)")
     p.add_argument("--workload", action="append", default=[],
                    help="only these: small, mix, large, meta, train, parquet, load, manifest, "
-                        "gateway, latency, remote (repeat; remote runs on namespaced hosts of its own)")  # fmt: skip
+                        "gateway, latency, scale, remote (repeat; remote runs on namespaced hosts "
+                        "of its own; scale runs in --quick only when named)")  # fmt: skip
+    p.add_argument("--scale-files", type=lambda v: tuple(int(x) for x in v.split(",")),
+                   help="scale: file counts, comma-separated (default 100000,1000000)")  # fmt: skip
     p.add_argument("--tls", action="store_true", help="remote: also against a worker over TLS")
     p.add_argument("--procs", type=int, help="N reader processes")
     p.add_argument("--small-files", type=int)
@@ -38,11 +42,18 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cold-cap-s", type=float, help="stop a cold pass after this many seconds")
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from shoal.bench import report
     from shoal.bench.contenders import REGISTRY
     from shoal.bench.suite import Config, Suite
 
+    # a SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so that the suite's cleanup
+    # removes its store, namespace, qdiscs and mounts instead of leaving them running
+    signal.signal(signal.SIGTERM, _interrupted)
     if os.geteuid() != 0:
         print("shoal bench: needs root (network namespace, tc, drop_caches, FUSE)", file=sys.stderr)
         return 2
@@ -63,7 +74,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        ("mix_files", "mix_files"), ("rate_mbit", "rate_mbit"),
                        ("delay_ms", "delay_ms"), ("warm_reps", "warm_reps"),
                        ("cold_reps", "cold_reps"), ("cap_s", "cap_s"),
-                       ("cold_cap_s", "cold_cap_s")):  # fmt: skip
+                       ("cold_cap_s", "cold_cap_s"), ("scale_files", "scale_files")):  # fmt: skip
         v = getattr(args, name)
         if v is not None:
             kw[attr] = v

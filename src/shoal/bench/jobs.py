@@ -13,21 +13,27 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from shoal.bench.runner import proc_cpu
 from shoal.bench.stats import Sample
+
+if TYPE_CHECKING:
+    from shoal.bench.suite import Suite
 
 
 def load_job(
-    master: str, dataset: str, path: str = "", timeout: float = 3600
+    master: str, dataset: str, path: str = "", timeout: float = 3600, pids: Sequence[int] = ()
 ) -> tuple[Sample, dict[str, Any]]:
-    """Run a load job of a path of the dataset ("" = all of it) and time it to its end."""
+    """Run a load job of a path of the dataset ("" = all of it) and time it to its end;
+    its CPU is that of ``pids`` (the cluster's master and workers)."""
     from shoal.client import Client
 
     with Client(master) as c:
         t0 = time.perf_counter()
-        cpu0 = os.times()
+        cpu0 = proc_cpu(list(pids))
         job = c.submit_job({"kind": "load", "dataset": dataset, "paths": [path]})
         deadline = time.monotonic() + timeout
         while True:
@@ -36,8 +42,7 @@ def load_job(
                 break
             time.sleep(0.05)
         secs = time.perf_counter() - t0
-        cpu1 = os.times()
-    cpu = (cpu1.children_user + cpu1.children_system) - (cpu0.children_user + cpu0.children_system)
+        cpu = proc_cpu(list(pids)) - cpu0
     return Sample(secs, v["files_done"] + v["files_skipped"], v["bytes_done"], cpu), v
 
 
@@ -88,3 +93,35 @@ def manifest(master: str, root: Path, files: int) -> dict[str, float]:
     if n != files:
         raise RuntimeError(f"listed {n} entries, expected {files}")
     return {"files": files, "build_s": build, "list_all_s": listing, "stats_per_s": stat_rate}
+
+
+def run_suite(suite: Suite) -> None:
+    """Data operations: a load job against raw GETs, and listing from a manifest."""
+    env, report, say = suite.env, suite.report, suite.say
+    assert env is not None
+    if suite._want("load"):
+        suite.shoal_cold()
+        try:
+            # the same files the raw-GET reference reads: the 100 KB set only
+            pids = list(suite.cluster.pids.values()) if suite.cluster is not None else []
+            s, view = load_job(env.master, env.dataset, "data/small", pids=pids)
+            report.add("small-100KB load", "shoal-load", s,
+                       f"{view['files_done']} loaded, {view['files_failed']} failed")  # fmt: skip
+            say(f"  load {'':19} shoal-load {s.files / s.seconds:14,.0f} files/s "
+                f"{s.nbytes / s.seconds / 1e6:8,.0f} MB/s {s.seconds:7.2f}s")  # fmt: skip
+        except Exception as exc:
+            report.add("small-100KB load", "shoal-load", None, f"failed: {exc}"[:200])
+    if suite._want("manifest"):
+        files = 100_000 if suite.cfg.quick else 1_000_000
+        try:
+            m = manifest(env.master, suite.cfg.workdir / "meta-tree", files)
+        except Exception as exc:
+            report.add("manifest list-all", "shoal-client", None, f"failed: {exc}"[:200])
+            return
+        scale = 1_000_000 / files  # the goal is stated for 1M files
+        report.add("manifest list-all", "shoal-client", Sample(m["list_all_s"], files, 0),
+                   f"{files:,} files: manifest built in {m['build_s']:.1f}s, listed in "
+                   f"{m['list_all_s']:.2f}s; {m['stats_per_s']:,.0f} stat/s")  # fmt: skip
+        report.add("manifest list-all", "goal", Sample(5.0 / scale, files, 0), "1M files in 5 s")
+        say(f"  manifest {files:,} files: built {m['build_s']:.1f}s, all listed "
+            f"{m['list_all_s']:.2f}s, {m['stats_per_s']:,.0f} stat/s")  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import resource
 import time
 import traceback
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ class Latencies:
     contender: str
     phase: str  # "cold" | "warm"
     seconds: tuple[float, ...]  # one per read, in read order
+    cpu_s: float = 0.0  # the reader process and the contender's daemons, over the pass
+    nbytes: int = 0
+
+    @property
+    def cpu_s_per_gb(self) -> float | None:
+        return self.cpu_s / (self.nbytes / 1e9) if self.nbytes else None
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (nearest rank) in seconds."""
@@ -55,33 +62,52 @@ class Latencies:
             "reads": len(self.seconds),
             **ms,
             "max": round(max(self.seconds, default=0.0) * 1e3, 3),
+            "cpu_s_per_gb": None if self.cpu_s_per_gb is None else round(self.cpu_s_per_gb, 2),
         }
 
 
-def _child(contender: Contender, keys: list[str], out: Any) -> None:
+def _child(contender: Contender, keys: list[str], cap_s: float | None, out: Any) -> None:
     try:
         read = contender.reader()
         times = []
         clock = time.perf_counter
+        nbytes = 0
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        end = clock() + cap_s if cap_s else float("inf")
         for k in keys:
+            if clock() > end:
+                break  # a slow peer: the reads so far (the table gives their count)
             t0 = clock()
-            read(k)
+            nbytes += read(k)
             times.append(clock() - t0)
-        out.put((times, None))
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        out.put((times, None, cpu, nbytes))
         with contextlib.suppress(Exception):
             contender.close_reader()
     except BaseException as exc:  # reported to the parent
-        out.put(([], f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
+        out.put(([], f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}", 0.0, 0))
 
 
 def measure(contender: Contender, keys: list[str], timeout: float = 600) -> list[float]:
     """Seconds per read of each key, read one after another in one new process."""
+    return timed(contender, keys, timeout)[0]
+
+
+def timed(
+    contender: Contender, keys: list[str], timeout: float = 600, cap_s: float | None = None
+) -> tuple[list[float], float, int]:
+    """(seconds per read, CPU seconds of the reader and the daemons, bytes read); with
+    ``cap_s``, the reads stop after that many seconds."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    p = ctx.Process(target=_child, args=(contender, keys, out))
+    p = ctx.Process(target=_child, args=(contender, keys, cap_s, out))
+    pids = contender.daemon_pids()
+    d0 = runner.proc_cpu(pids)
     p.start()
     try:
-        times, err = out.get(timeout=timeout)
+        times, err, cpu, nbytes = out.get(timeout=timeout)
+        cpu += runner.proc_cpu(pids) - d0
     finally:
         p.join(5)
         if p.is_alive():
@@ -89,7 +115,7 @@ def measure(contender: Contender, keys: list[str], timeout: float = 600) -> list
             p.join()
     if err:
         raise RuntimeError(err)
-    return list(times)
+    return list(times), cpu, nbytes
 
 
 def run(suite: Suite, c: Contender, small: list[str]) -> None:
@@ -103,12 +129,15 @@ def run(suite: Suite, c: Contender, small: list[str]) -> None:
             c.cold()
             runner.drop_caches()
         try:
-            lat = Latencies(c.name, phase, tuple(measure(c, keys)))
+            times, cpu, nbytes = timed(c, keys, cap_s=suite.cfg.latency_cap_s)
+            lat = Latencies(c.name, phase, tuple(times), cpu, nbytes)
         except Exception as exc:
             msg = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
             suite.say(f"  latency {phase:5} {c.name:20} FAILED: {msg}")
             return
         got.append(lat)
+        if phase == "cold":
+            keys = keys[: len(times)]  # a capped cold pass: warm reads only what it cached
         d = lat.to_dict()
         suite.say(f"  latency {phase:5} {c.name:20} p50 {d['p50']:8.3f} ms  p99 {d['p99']:8.3f} ms  "
                   f"p99.9 {d['p99.9']:8.3f} ms  max {d['max']:8.3f} ms")  # fmt: skip
@@ -121,16 +150,18 @@ def markdown(results: list[Latencies]) -> list[str]:
         "## Latency of single 100 KB reads",
         "",
         "One reader process, one read at a time, the same shuffled files cold (after each "
-        "contender's cold reset and a page-cache drop) then warm. Milliseconds per read.",
+        "contender's cold reset and a page-cache drop) then warm. Milliseconds per read; "
+        "CPU: the reader process plus the contender's daemons over the pass, per GB read.",
         "",
-        "| contender | pass | reads | p50 | p90 | p99 | p99.9 | max |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| contender | pass | reads | p50 | p90 | p99 | p99.9 | max | CPU s/GB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for lat in sorted(results, key=lambda x: (x.phase, x.contender)):
         d = lat.to_dict()
+        cpu = "-" if d["cpu_s_per_gb"] is None else f"{d['cpu_s_per_gb']:,.2f}"
         lines.append(
             f"| {lat.contender} | {lat.phase} | {d['reads']:,} | {d['p50']:.3f} | {d['p90']:.3f} "
-            f"| {d['p99']:.3f} | {d['p99.9']:.3f} | {d['max']:.3f} |"
+            f"| {d['p99']:.3f} | {d['p99.9']:.3f} | {d['max']:.3f} | {cpu} |"
         )
     return [*lines, ""]
 
@@ -160,7 +191,8 @@ def chart(results: list[Latencies], outdir: Path) -> Path | None:
         ax.set_ylabel("fraction of reads", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     path = outdir / "latency-cdf.png"
     fig.savefig(path, dpi=90)

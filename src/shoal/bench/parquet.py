@@ -383,9 +383,10 @@ def markdown(rep: Report) -> list[str]:
         "x local and x s3fs: this contender's reads/s over theirs (> 1 is faster). "
         "Fetched: bytes the delay proxy carried from the store during the read (HTTP "
         "headers and listings included), median over runs; x needed: over the bytes the "
-        "projection needs. CPU: reader process plus the contender's daemons.", "",
-        "| workload | contender | s per read | x local | x s3fs | fetched MB | x needed | CPU s | runs | note |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "projection needs. CPU: reader process plus the contender's daemons, per read and "
+        "per GB of the columns it returned (decoded).", "",
+        "| workload | contender | s per read | x local | x s3fs | fetched MB | x needed | CPU s | CPU s/GB | runs | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]  # fmt: skip
     if rep.config.store == "moto":
         # measured: 17 ms per ranged GET of a 24 MB object, 120 ms of a 160 MB one
@@ -400,9 +401,10 @@ def markdown(rep: Report) -> list[str]:
         row = summ.get(wl, {}).get(c, {})
         fb = row.get("fetched_bytes")
         cpu = _f(sorted(s.cpu_s for s in r.samples)[len(r.samples) // 2]) if r.ok else "-"
+        per_gb = _f(r.cpu_s_per_gb) if r.ok and any(s.nbytes for s in r.samples) else "-"
         lines.append(
             f"| {wl} | {c} | {_f(row.get('s_per_read'), 3)} | {_f(row.get('x_local'))} | "
             f"{_f(row.get('x_s3fs'))} | {_f(None if fb is None else fb / 1e6, 1)} | "
-            f"{_f(row.get('x_needed'))} | {cpu} | {len(r.samples)} | {r.note} |"
+            f"{_f(row.get('x_needed'))} | {cpu} | {per_gb} | {len(r.samples)} | {r.note} |"
         )
     return [*lines, ""]

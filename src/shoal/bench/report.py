@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from shoal.bench import latency, parquet
+from shoal.bench import latency, parquet, scale
 from shoal.bench.stats import Result, ratio
 from shoal.bench.suite import Report, targets
 
@@ -22,6 +23,8 @@ def _unit(wl: str) -> str:
         return "MB/s"
     if wl.startswith("meta"):
         return "entries/s"
+    if wl.startswith("train"):
+        return "samples/s"
     return "reads/s" if wl.startswith("parquet") else "files/s"
 
 
@@ -46,7 +49,7 @@ def ratios(rep: Report) -> dict[str, Any]:
             for a, va in rates.items()
             if a.startswith("shoal")
         }
-    for t in targets(rep.config.procs):
+    for t in targets(rep.config.procs, tuple(rep.config.train_workers)):
         r, met = t.evaluate(rep.results)
         out["targets"].append({"target": t.label, "ratio": _round(r), "goal": t.factor, "met": met})
     if "parquet" in rep.extra:
@@ -75,6 +78,9 @@ def to_json(rep: Report) -> dict[str, Any]:
             "warm_threads": cfg.warm_threads,
             "rate_mbit": cfg.rate_mbit,
             "delay_ms_per_direction": cfg.delay_ms,
+            "train_images": cfg.train_images,
+            "train_workers": list(cfg.train_workers),
+            "scale_files": list(cfg.scale_files),
         },
         "link": rep.link,
         "results": [r.to_dict() for r in rep.results.values()],
@@ -89,7 +95,22 @@ def to_json(rep: Report) -> dict[str, Any]:
         "parquet": rep.extra.get("parquet"),
         "gateway_cpu": rep.extra.get("gateway"),
         "latency": [x.to_dict() for x in rep.extra.get("latency", [])],
+        "scale": rep.extra.get("scale"),
     }
+
+
+TRAIN = (
+    "Training loop (`train ...`): {n:,} JPEGs of 10-500 KB (log-uniform, made with Pillow) in "
+    "10 class folders, read and decoded by a PyTorch DataLoader with {w} workers (rows `wN`), "
+    "batches of {b}, a {s:g} ms model step per batch. Decode: PIL open, convert RGB, resize "
+    "to 224x224, to a float tensor (torchvision's ImageFolder + Resize + ToTensor, written "
+    "out: torchvision does not install beside the CPU torch). local-dir and shoal-fuse: the "
+    "ImageFolder-like dataset over the local files and over the FUSE mount; shoal-torch: "
+    "ShoalMapDataset with ShoalSampler; boto3: one GET per sample (cold reference); "
+    "synthetic: a tensor in memory, no read or decode. Cold: the first epoch on a fresh "
+    "cluster; warm: the epochs after it. CPU: the loop's process, its DataLoader workers "
+    "and the loader's daemons."
+)
 
 
 def _fmt(x: float | None, nd: int = 2) -> str:
@@ -123,6 +144,9 @@ def markdown(rep: Report, charts: list[str]) -> str:
         met = "n/a (not measured)" if t["met"] is None else ("**yes**" if t["met"] else "**no**")
         lines.append(f"| {t['target']} | {_fmt(t['ratio'])} | {t['goal']} | {met} |")
     lines += ["", "## Results", ""]
+    if any(wl.startswith("train") for wl in workloads(rep)):
+        lines += [TRAIN.format(n=cfg.train_images, w=", ".join(map(str, cfg.train_workers)),
+                               b=cfg.train_batch, s=cfg.train_step_ms), ""]  # fmt: skip
     for wl in workloads(rep):
         if wl.startswith("parquet"):
             continue  # its own section, below
@@ -133,15 +157,17 @@ def markdown(rep: Report, charts: list[str]) -> str:
             if w != wl:
                 continue
             tl = rat["to_local"].get(wl, {}).get(c)
-            cpu = _fmt(r.cpu_s_per_gb) if r.ok and not wl.startswith("meta") else "-"
+            has_bytes = r.ok and any(s.nbytes for s in r.samples)  # meta, manifests: no bytes
+            cpu = _fmt(r.cpu_s_per_gb) if has_bytes else "-"
             lines.append(
                 f"| {c} | {_fmt(_rate(r), 0) if r.ok else '-'} | "
-                f"{_fmt(r.mb_per_s, 0) if r.ok and not wl.startswith('meta') else '-'} | {cpu} | "
+                f"{_fmt(r.mb_per_s, 0) if has_bytes else '-'} | {cpu} | "
                 f"{_fmt(tl)} | {len(r.samples)} | {r.note} |"
             )
         lines.append("")
     lines += parquet.markdown(rep)
     lines += latency.markdown(rep.extra.get("latency", []))
+    lines += scale.markdown(rep.extra.get("scale") or [])
     lines += ["## Shoal against each peer", "",
               "Each cell: shoal's rate / the peer's rate on the same workload.", ""]  # fmt: skip
     for wl, rows in rat["to_peers"].items():
@@ -171,8 +197,23 @@ def markdown(rep: Report, charts: list[str]) -> str:
     return "\n".join(lines)
 
 
+def slug(wl: str) -> str:
+    """A workload's chart file name: "small-100KB warm p1" -> "small-100kb-warm-p1"."""
+    return re.sub(r"[^a-z0-9]+", "-", wl.lower()).strip("-")
+
+
+def bars(rep: Report, wl: str) -> list[tuple[str, float, str]]:
+    """One workload's bars, slowest first: (contender, rate, colour): shoal red, the
+    local copy grey, the peers blue."""
+    rs = [(c, _rate(r)) for (w, c), r in rep.results.items() if w == wl and r.ok]
+    rs.sort(key=lambda x: x[1])
+    colour = {True: "#d62728", False: "#1f77b4"}
+    return [(c, v, "#7f7f7f" if c == LOCAL else colour[c.startswith("shoal")]) for c, v in rs]
+
+
 def charts(rep: Report, outdir: Path, rel_to: Path) -> list[str]:
-    """One horizontal bar chart per workload group; paths relative to ``rel_to``."""
+    """One horizontal bar chart per workload (shoal and the peers side by side) and the
+    latency CDF; paths relative to ``rel_to``."""
     try:
         import matplotlib
 
@@ -181,36 +222,29 @@ def charts(rep: Report, outdir: Path, rel_to: Path) -> list[str]:
     except ImportError:
         return []
     outdir.mkdir(parents=True, exist_ok=True)
-    groups: dict[str, list[str]] = {
-        "small": [], "mix": [], "large": [], "meta": [], "train": [], "parquet": []
-    }  # fmt: skip
+    made: list[Path] = []
     for wl in workloads(rep):
-        for g in groups:
-            if wl.startswith(g):
-                groups[g].append(wl)
-    made = []
-    for g, wls in groups.items():
-        if not wls:
+        rows = bars(rep, wl)
+        if not rows:
             continue
-        fig, axes = plt.subplots(1, len(wls), figsize=(4.2 * len(wls), 3.8), squeeze=False)
-        for ax, wl in zip(axes[0], wls, strict=False):
-            rs = [(c, _rate(r)) for (w, c), r in rep.results.items() if w == wl and r.ok]
-            rs.sort(key=lambda x: x[1])
-            colors = ["#d62728" if c.startswith("shoal") else "#7f7f7f" if c == LOCAL else "#1f77b4"
-                      for c, _ in rs]  # fmt: skip
-            ax.barh([c for c, _ in rs], [v for _, v in rs], color=colors)
-            ax.set_title(wl, fontsize=9)
-            ax.set_xlabel(_unit(wl), fontsize=8)
-            ax.tick_params(labelsize=7)
+        fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.32 * len(rows)))
+        ax.barh([c for c, _, _ in rows], [v for _, v, _ in rows], color=[k for _, _, k in rows])
+        top = max(v for _, v, _ in rows) or 1.0
+        for i, (_, v, _) in enumerate(rows):
+            ax.text(v + top * 0.01, i, f"{v:,.0f}", va="center", fontsize=7)
+        ax.set_xlim(0, top * 1.18)
+        ax.set_title(wl, fontsize=9)
+        ax.set_xlabel(_unit(wl), fontsize=8)
+        ax.tick_params(labelsize=7)
         fig.tight_layout()
-        p = outdir / f"{g}.png"
+        p = outdir / f"{slug(wl)}.png"
         fig.savefig(p, dpi=90)
         plt.close(fig)
-        made.append(str(p.relative_to(rel_to)) if p.is_relative_to(rel_to) else str(p))
+        made.append(p)
     cdf = latency.chart(rep.extra.get("latency", []), outdir)
     if cdf is not None:
-        made.append(str(cdf.relative_to(rel_to)) if cdf.is_relative_to(rel_to) else str(cdf))
-    return made
+        made.append(cdf)
+    return [str(p.relative_to(rel_to)) if p.is_relative_to(rel_to) else str(p) for p in made]
 
 
 #: text after this line in an existing report (the analysis) survives a new run

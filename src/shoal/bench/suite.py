@@ -18,15 +18,17 @@ from typing import Any
 
 from shoal.bench import latency, runner
 from shoal.bench.contenders import REGISTRY, BenchEnv, Boto3, Contender
-from shoal.bench.gatewayrun import gateway_targets
 from shoal.bench.netshape import DelayProxy, Link, measure_link
-from shoal.bench.stats import Result, Sample, Target
+from shoal.bench.stats import Result, Sample
 from shoal.bench.stores import DataSpec, MotoStore, RgwStore, Store, upload, write_local
+from shoal.bench.targets import targets
 from shoal.bench.workloads import Passes
 
 log = logging.getLogger("shoal.bench")
 
 BUCKET = "shoalbench"
+
+__all__ = ["Config", "Report", "Suite", "targets"]
 
 
 @dataclass
@@ -44,20 +46,34 @@ class Config:
     cold_reps: int = 2
     rate_mbit: float = 2400.0  # ~300 MB/s, the field's per-stream object-store figure
     delay_ms: float = 2.0  # per direction: +4 ms per request round trip
-    train_samples: int = 4_000
-    train_workers: int = 2
+    #: the training loop's JPEGs (10-500 KB, bench/images.py), DataLoader worker counts,
+    #: warm epochs per count
+    train_images: int = 2_000
+    train_workers: tuple[int, ...] = (2, 4, 8)
+    train_epochs: int = 2
     train_batch: int = 32
     train_step_ms: float = 10.0
     meta_stats: int = 2_000
     #: single 100 KB reads timed one by one per contender and pass (bench/latency.py)
     latency_reads: int = 2_000
+    #: seconds after which a latency pass stops (None: all its reads)
+    latency_cap_s: float | None = None
     #: the parquet workload's file (bytes; its row groups: see bench/parquet.py)
     parquet_size: int = 160_000_000
+    #: the 100 KB objects the gateway workload reads (None: as many as it takes)
+    gateway_keys: int | None = None
     #: seconds after which a warm pass stops and is rated on what it read (the slowest
     #: peers would otherwise need hours), and the same for a cold pass; a peer whose cold
     #: pass was stopped reads only what it cached in its warm passes (see workloads.py)
     cap_s: float = 20.0
     cold_cap_s: float = 45.0
+    #: the scale workload (bench/scale.py): file counts, file sizes (bytes, log-uniform),
+    #: reader processes, and the cap on each warm epoch (seconds)
+    scale_files: tuple[int, ...] = (100_000, 1_000_000)
+    scale_lo: int = 4_096
+    scale_hi: int = 16_384
+    scale_readers: int = 4
+    scale_cap_s: float = 60.0
     contenders: list[str] = field(default_factory=list)  # empty: all available
     workloads: list[str] = field(default_factory=list)  # empty: all
 
@@ -67,8 +83,9 @@ class Config:
             base = dict(
                 quick=True, store="moto", small_files=2_000, mix_files=150,
                 large_size=32 << 20, procs=2, warm_reps=3, cold_reps=1,
-                train_samples=1_000, meta_stats=500, latency_reads=300, cap_s=5.0, cold_cap_s=10.0,
-                parquet_size=24_000_000,
+                train_images=200, train_batch=16, train_epochs=1, meta_stats=100, latency_reads=200, cap_s=3.0,
+                cold_cap_s=6.0, latency_cap_s=3.0, gateway_keys=400,
+                parquet_size=24_000_000, scale_files=(10_000, 100_000), scale_cap_s=10.0,
             )  # fmt: skip
             base.update(kw)
             return cls(**base)  # type: ignore[arg-type]
@@ -122,32 +139,6 @@ class Report:
             r.note = note
 
 
-def targets(procs: int) -> list[Target]:
-    cold = f"small-100KB cold p{procs}"
-    return [  # noqa: RUF005
-        Target("warm 100 KB, client >= 0.8x local page cache",
-               ("small-100KB warm p1", "shoal-client"), ("small-100KB warm p1", "local-dir"), 0.8),
-        Target("warm 100 KB, client >= 1.5x fsspec filecache",
-               ("small-100KB warm p1", "shoal-client"), ("small-100KB warm p1", "fsspec-filecache"), 1.5),
-        Target("warm 100 KB, FUSE >= 10x rclone VFS",
-               ("small-100KB warm p1", "shoal-fuse"), ("small-100KB warm p1", "rclone-vfs"), 10.0),
-        Target("cached large file via FUSE >= 0.9x local file",
-               ("large seq warm", "shoal-fuse"), ("large seq warm", "local-dir"), 0.9, "mb_per_s"),
-        Target("cold small-file epoch >= 0.9x raw parallel GETs (same shaper)",
-               (cold, "shoal-client"), (cold, "boto3"), 0.9),
-        Target("cold small-file epoch, cat_many >= 0.9x raw parallel GETs",
-               (cold, "shoal-cat_many"), (cold, "boto3"), 0.9),
-        Target("large warm sequential, client >= 0.5x local page cache",
-               ("large seq warm", "shoal-client"), ("large seq warm", "local-dir"), 0.5, "mb_per_s"),
-        Target("training loop warm >= 0.98x synthetic",
-               ("train warm", "shoal-client"), ("train warm", "synthetic"), 0.98),
-        Target("shoal load of the small files >= 0.9x raw parallel GETs (same shaper)",
-               ("small-100KB load", "shoal-load"), (cold, "boto3"), 0.9),
-        Target("listing a 1M-file dataset from its manifest in under 5 s",
-               ("manifest list-all", "shoal-client"), ("manifest list-all", "goal"), 1.0),
-    ] + gateway_targets(procs)  # fmt: skip
-
-
 class Suite:
     def __init__(self, cfg: Config, say: Callable[[str], None] = print) -> None:
         self.cfg = cfg
@@ -160,6 +151,7 @@ class Suite:
         self.cluster_gen = 0
         self.env: BenchEnv | None = None
         self.table: Any = None  # the parquet workload's TableSpec, once written
+        self.images: Any = None  # the training loop's ImageSet, once written
         self.spec = DataSpec(
             cfg.small_files, mix_files=cfg.mix_files, large_size=cfg.large_size
         ).layout()
@@ -168,7 +160,14 @@ class Suite:
 
     def _want(self, workload: str) -> bool:
         w = self.cfg.workloads
+        if workload == "scale" and not w:
+            return not self.cfg.quick  # --quick: only when asked for
         return not w or any(workload.startswith(x) for x in w)
+
+    def _needs_store(self) -> bool:
+        others = ("small", "mix", "large", "meta", "latency", "parquet", "train", "load",
+                  "manifest", "gateway")  # fmt: skip
+        return any(self._want(w) for w in others)
 
     def setup(self) -> None:
         cfg = self.cfg
@@ -191,6 +190,8 @@ class Suite:
         self.say(f"upload: {secs:.0f}s")
         if self._want("parquet"):
             self.setup_parquet(local)
+        if self._want("train"):
+            self.setup_images(local, marker)
         self.report.link = measure_link(
             self.link, cfg.rate_mbit, cfg.delay_ms, 1.5 if cfg.quick else 3.0
         )
@@ -222,8 +223,52 @@ class Suite:
         self.say(f"parquet: {lay.file_size / 1e6:.1f} MB, {t.row_groups} row groups, "
                  f"{time.perf_counter() - t0:.0f}s (upload {secs:.0f}s)")  # fmt: skip
 
+    def setup_images(self, local: Path, marker: Path | None) -> None:
+        from shoal.bench.images import ImageSet
+
+        assert self.store is not None
+        t0 = time.perf_counter()
+        self.images = ImageSet(self.cfg.train_images).write(local)
+        spec = DataSpec(0, large_size=0)
+        spec.files = dict(self.images.files)
+        m = None if marker is None else marker.with_name(f"{marker.name}-img")
+        secs = upload(spec, local, self.store.endpoint, BUCKET, m)
+        total = sum(spec.files.values())
+        self.say(f"images: {len(spec.files)} JPEGs, {total / 1e6:.0f} MB, "
+                 f"{time.perf_counter() - t0:.0f}s (upload {secs:.0f}s)")  # fmt: skip
+
     def shoal_cold(self) -> None:
-        """A fresh cluster with empty caches and the dataset defined again."""
+        """A fresh cluster with empty caches and the dataset defined again. --quick: a
+        new dataset over the same bucket on the running cluster instead (none of it is
+        cached: pages are keyed by dataset; a restart costs seconds each, most of a
+        quick run's shoal sections)."""
+        assert self.env is not None
+        t0 = time.perf_counter()
+        try:
+            if self.cfg.quick and self.cluster is not None:
+                self._fresh_dataset()
+            else:
+                self._fresh_cluster()
+        finally:  # inside the sections above: how much of them went to restarts
+            k = "(within the above) fresh clusters for cold passes"
+            self.report.timing[k] = round(
+                self.report.timing.get(k, 0.0) + time.perf_counter() - t0, 1
+            )
+
+    def _fresh_dataset(self) -> None:
+        from shoal.client import Client
+        from shoal.core.types import Mount
+
+        assert self.env is not None and self.cluster is not None
+        self.cluster_gen += 1
+        self.env.dataset = f"bench{self.cluster_gen}"
+        with Client(self.cluster.master_url) as cl:
+            cl.create_dataset(
+                self.env.dataset,
+                [Mount("data", f"s3://{BUCKET}", {"endpoint_url": self.env.endpoint})],
+            )
+
+    def _fresh_cluster(self) -> None:
         from shoal.cli.local import LocalCluster
         from shoal.client import Client
         from shoal.core.types import Mount
@@ -235,7 +280,9 @@ class Suite:
         shutil.rmtree(d, ignore_errors=True)
         # as many requests in flight to the store as the raw-GET reference keeps
         inflight = self.cfg.procs * self.cfg.cold_threads
-        c = LocalCluster(d, workers=1, disk="24GiB", env=self.env.s3_env, ufs_concurrency=inflight)
+        # the manifest workload's file:// tree lives under the workdir (default /var/tmp)
+        c = LocalCluster(d, workers=1, disk="24GiB", env=self.env.s3_env, ufs_concurrency=inflight,
+                         file_roots=(str(self.cfg.workdir),))  # fmt: skip
         self.cluster = c
         c.start()
         self.env.master = c.master_url
@@ -346,37 +393,6 @@ class Suite:
         counter = (lambda: proxy.carried()[1]) if proxy is not None else None
         parquet.Passes(self.cfg, self.table, self._measure, counter, fetched).run(c)
 
-    def run_train(self, by_name: dict[str, Contender]) -> None:
-        from shoal.bench.train import train
-
-        cfg = self.cfg
-        keys = self.spec.keys("small")[: cfg.train_samples]
-        args = (cfg.train_workers, cfg.train_batch, cfg.train_step_ms)
-        todo: list[tuple[str, Contender | None, bool]] = [("synthetic", None, False)]
-        # --quick: the target's pair and the mount; the slow peers' cold epochs only in full
-        peers: tuple[str, ...] = ("local-dir", "shoal-client", "shoal-fuse")
-        if not cfg.quick:
-            peers += ("fsspec-filecache", "boto3")
-        for name in peers:
-            if name in by_name:
-                todo.append((name, by_name[name], name not in ("local-dir", "boto3")))
-        for name, c, needs_warmup in todo:
-            try:
-                if c is not None and needs_warmup:
-                    c.setup()
-                    train(c, keys, *args)  # the cold epoch fills the cache
-                for _ in range(max(1, cfg.warm_reps - 1)):
-                    s = train(c, keys, *args)
-                    self.report.add("train warm", name, s)
-                self.say(f"  train warm {name:20} {s.files / s.seconds:9,.0f} samples/s")
-            except Exception as exc:
-                self.report.add("train warm", name, None, f"failed: {exc}"[:200])
-                self.say(f"  train warm {name:20} FAILED: {exc}")
-            finally:
-                if c is not None and needs_warmup:
-                    with contextlib.suppress(Exception):
-                        c.teardown()
-
     def run_gateway(self) -> None:
         """boto3 through the S3 gateway against boto3 direct and the Python client."""
         from shoal.bench import gateway
@@ -384,8 +400,8 @@ class Suite:
         assert self.env is not None
         large = "large/blob.bin" if self.cfg.large_size else None
         store = tuple(self.store.pids()) if self.store is not None else ()
-        p = gateway.Passes(self.cfg, self.env, self._measure, self.spec.keys("small"), large,
-                           self.say, store)  # fmt: skip
+        small = self.spec.keys("small")[: self.cfg.gateway_keys]  # --quick: 400, not 1000
+        p = gateway.Passes(self.cfg, self.env, self._measure, small, large, self.say, store)
         self.report.about.update(gateway.ABOUT)
         self.report.about.setdefault("boto3", REGISTRY["boto3"].about)
         self.report.about.setdefault("shoal-client", REGISTRY["shoal-client"].about)
@@ -395,39 +411,6 @@ class Suite:
             self.report.extra["gateway"] = p.cpu
             for k, v in p.cpu.items():
                 self.say(f"  cpu {k}: {v}")
-
-    def run_jobs(self) -> None:
-        """Data operations: a load job against raw GETs, and listing from a manifest."""
-        from shoal.bench import jobs
-
-        assert self.env is not None
-        if self._want("load"):
-            self.shoal_cold()
-            try:
-                # the same files the raw-GET reference reads: the 100 KB set only
-                s, view = jobs.load_job(self.env.master, self.env.dataset, "data/small")
-                self.report.add("small-100KB load", "shoal-load", s,
-                                f"{view['files_done']} loaded, {view['files_failed']} failed")  # fmt: skip
-                self.say(f"  load {'':19} shoal-load {s.files / s.seconds:14,.0f} files/s "
-                         f"{s.nbytes / s.seconds / 1e6:8,.0f} MB/s {s.seconds:7.2f}s")  # fmt: skip
-            except Exception as exc:
-                self.report.add("small-100KB load", "shoal-load", None, f"failed: {exc}"[:200])
-        if self._want("manifest"):
-            files = 100_000 if self.cfg.quick else 1_000_000
-            try:
-                m = jobs.manifest(self.env.master, self.cfg.workdir / "meta-tree", files)
-            except Exception as exc:
-                self.report.add("manifest list-all", "shoal-client", None, f"failed: {exc}"[:200])
-                return
-            scale = 1_000_000 / files  # the goal is stated for 1M files
-            self.report.add("manifest list-all", "shoal-client",
-                            Sample(m["list_all_s"], files, 0),
-                            f"{files:,} files: manifest built in {m['build_s']:.1f}s, listed in "
-                            f"{m['list_all_s']:.2f}s; {m['stats_per_s']:,.0f} stat/s")  # fmt: skip
-            self.report.add("manifest list-all", "goal", Sample(5.0 / scale, files, 0),
-                            "1M files in 5 s")  # fmt: skip
-            self.say(f"  manifest {files:,} files: built {m['build_s']:.1f}s, all listed "
-                     f"{m['list_all_s']:.2f}s, {m['stats_per_s']:,.0f} stat/s")  # fmt: skip
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -441,49 +424,63 @@ class Suite:
             self.report.timing[name] = round(self.report.timing.get(name, 0.0) + secs, 1)
             self.say(f"[{name}] {secs:.0f}s")
 
+    def run_store(self) -> None:
+        """Every workload that reads the shaped store."""
+        with self.section("set-up"):
+            self.setup()
+        assert self.env is not None
+        with self.section("set-up"):
+            self.shoal_cold()
+        cs = self.contenders()
+        # the link check at the epoch level: raw GETs without the shaper
+        if "boto3" in [c.name for c in cs] and self._want("small"):
+            direct = dataclasses.replace(self.env, endpoint=self.env.extra["direct_endpoint"])
+            b = Boto3(direct)
+            b.name = "boto3-unshaped"
+            self.report.about["boto3-unshaped"] = (
+                "raw parallel GETs straight to the store (no tbf, no delay)"
+            )
+            self._measure(f"small-100KB cold p{self.cfg.procs}", b,
+                          partial(runner.epoch, b, self.spec.keys("small"), self.cfg.procs, self.cfg.cold_threads, 100, cap_s=self.cfg.cold_cap_s), True)  # fmt: skip
+        if self._want("gateway"):
+            with self.section("S3 gateway"):
+                self.run_gateway()
+                self.shoal_cold()  # what follows starts from an empty cache, as before
+        # the per-contender workloads; none asked for: no contender's set-up
+        per_contender = ("small", "mix", "large", "meta", "latency", "parquet")
+        for c in cs if any(self._want(w) for w in per_contender) else []:
+            with self.section(c.name):
+                try:
+                    c.setup()
+                except Exception as exc:
+                    self.report.skipped[c.name] = f"setup failed: {exc}"[:200]
+                    self.say(f"skip {c.name}: setup failed: {exc}")
+                    continue
+                try:
+                    self.run_contender(c)
+                finally:
+                    c.teardown()
+        if self._want("train"):
+            from shoal.bench import train
+
+            with self.section("training loop"):
+                train.run_suite(self, {c.name: c for c in cs})
+        if self._want("load") or self._want("manifest"):
+            from shoal.bench import jobs
+
+            with self.section("data operations"):
+                jobs.run_suite(self)
+
     def run(self) -> Report:
         t0 = time.perf_counter()
         try:
-            with self.section("set-up"):
-                self.setup()
-            assert self.env is not None
-            with self.section("set-up"):
-                self.shoal_cold()
-            cs = self.contenders()
-            # the link check at the epoch level: raw GETs without the shaper
-            if "boto3" in [c.name for c in cs] and self._want("small"):
-                direct = dataclasses.replace(self.env, endpoint=self.env.extra["direct_endpoint"])
-                b = Boto3(direct)
-                b.name = "boto3-unshaped"
-                self.report.about["boto3-unshaped"] = (
-                    "raw parallel GETs straight to the store (no tbf, no delay)"
-                )
-                self._measure(f"small-100KB cold p{self.cfg.procs}", b,
-                              partial(runner.epoch, b, self.spec.keys("small"), self.cfg.procs, self.cfg.cold_threads, 100, cap_s=self.cfg.cold_cap_s), True)  # fmt: skip
-            if self._want("gateway"):
-                with self.section("S3 gateway"):
-                    self.run_gateway()
-                    self.shoal_cold()  # what follows starts from an empty cache, as before
-            # the per-contender workloads; none asked for: no contender's set-up
-            per_contender = ("small", "mix", "large", "meta", "latency", "parquet")
-            for c in cs if any(self._want(w) for w in per_contender) else []:
-                with self.section(c.name):
-                    try:
-                        c.setup()
-                    except Exception as exc:
-                        self.report.skipped[c.name] = f"setup failed: {exc}"[:200]
-                        self.say(f"skip {c.name}: setup failed: {exc}")
-                        continue
-                    try:
-                        self.run_contender(c)
-                    finally:
-                        c.teardown()
-            if self._want("train"):
-                with self.section("training loop"):
-                    self.run_train({c.name: c for c in cs})
-            if self._want("load") or self._want("manifest"):
-                with self.section("data operations"):
-                    self.run_jobs()
+            if self._needs_store():
+                self.run_store()
+            if self._want("scale"):
+                from shoal.bench import scale
+
+                with self.section("scale"):
+                    scale.run(self)
         finally:
             self.teardown()
             self.report.seconds = time.perf_counter() - t0

@@ -6,6 +6,11 @@ what it read in that time. A capped cold pass fills a slow peer's cache with onl
 of the data, so that peer's warm passes read exactly that part: warm always means
 cached. A capped warm pass is not repeated (another minute of a peer at a few hundred
 files/s moves no median).
+
+With ``--quick`` a contender's caches are reset (``cold()``: for shoal a fresh
+cluster, seconds each) once, before its first cold pass; the later cold passes read
+files no pass has read since (the mix, then the large file) after a page-cache drop
+only, so they are as cold for the data as after a reset.
 """
 
 from __future__ import annotations
@@ -33,6 +38,17 @@ class Passes:
     cfg: Config
     measure: Measure
     want: Callable[[str], bool]
+    #: a reset was made for this contender and only other files were read since
+    _reset: bool = False
+
+    def _cold(self, wl: str, c: Contender, fn: Callable[[], Sample], unread: bool) -> Sample | None:
+        """A cold pass; ``unread``: its files were not read since this contender's last
+        reset, which --quick then skips (the page cache is dropped all the same)."""
+        if unread and self._reset and self.cfg.quick:
+            runner.drop_caches()
+            return self.measure(wl, c, fn, False)
+        self._reset = True
+        return self.measure(wl, c, fn, True)
 
     def run(self, c: Contender, small: list[str], mix: list[str], large_size: int) -> None:
         if self.want("small"):
@@ -51,11 +67,11 @@ class Passes:
         warm_threads = cfg.cold_threads if remote else cfg.warm_threads
         cached = keys
         for r in range(cfg.cold_reps):
-            s = self.measure(
+            s = self._cold(
                 f"{name} cold p{n}",
                 c,
                 partial(runner.epoch, c, keys, n, cfg.cold_threads, seed + r, cap_s=cfg.cold_cap_s),
-                True,
+                r == 0,
             )
             if r == 0 and s is not None and s.read is not None:
                 cached = _keys(s.read)  # what the capped pass left in the cache
@@ -94,7 +110,7 @@ class Passes:
     def large(self, c: Contender, key: str, size: int) -> None:
         cfg = self.cfg
         remote = c.kind == "remote"
-        s = self.measure(
+        s = self._cold(
             "large seq cold",
             c,
             partial(runner.ranges, c, key, size, CHUNK, True, 0, cap_s=cfg.cold_cap_s),
