@@ -104,6 +104,22 @@ def _by_status(status: int) -> type[ShoalError] | None:
     return None
 
 
+def classify_code(code: str, status: int) -> type[ShoalError]:
+    """The class for an S3 error answer: its ``<Code>`` first, then its HTTP status
+    (what a botocore ClientError is classified by; the lean paths use it directly)."""
+    if code in _STALE_CODES:
+        return StaleVersion
+    if code in _NOT_FOUND_CODES:
+        return NotFound
+    if code in _CREDENTIAL_CODES:
+        return CredentialsError
+    if code in _DENIED_CODES:
+        return PermissionDenied
+    if code in _RETRY_CODES:
+        return RetryableStoreError
+    return _by_status(status) or FatalStoreError
+
+
 def _classify_one(exc: BaseException) -> tuple[type[ShoalError], str] | None:
     """(class, short reason) for exceptions that carry enough to decide, else None."""
     _bce: Any = sys.modules.get(_BOTO_EXC)
@@ -113,17 +129,7 @@ def _classify_one(exc: BaseException) -> tuple[type[ShoalError], str] | None:
             code = str(err.get("Code", ""))
             status = int((exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
             reason = f"{code or 'error'} (HTTP {status})" if status else code or "error"
-            if code in _STALE_CODES:
-                return StaleVersion, reason
-            if code in _NOT_FOUND_CODES:
-                return NotFound, reason
-            if code in _CREDENTIAL_CODES:
-                return CredentialsError, reason
-            if code in _DENIED_CODES:
-                return PermissionDenied, reason
-            if code in _RETRY_CODES:
-                return RetryableStoreError, reason
-            return _by_status(status) or FatalStoreError, reason
+            return classify_code(code, status), reason
         if isinstance(
             exc,
             _bce.NoCredentialsError

@@ -146,7 +146,11 @@ class FsspecStore(UnderStore):
         rel = clean_rel(path)
         full = self._full(rel)
         entries = await self._fs_call(rel, "ls", full, detail=True)
-        infos = [self._to_info(e) for e in entries]
+        return self._children(rel, [self._to_info(e) for e in entries])
+
+    def _children(self, rel: str, infos: list[FileInfo]) -> list[FileInfo]:
+        """What a backend listed for directory ``rel`` as ``ls`` answers it: sorted, without
+        the directory itself; a lone file named ``rel`` means ``rel`` is a file."""
         if len(infos) == 1 and not infos[0].is_dir and infos[0].path == rel and rel:
             raise _not_a_dir(self._where(rel))
         infos = [i for i in infos if i.path != rel]  # some backends list the dir itself

@@ -1,12 +1,14 @@
-"""A lean GET for S3: one SigV4-signed request on aiohttp, for the hot path of a worker
-(cold reads and loads: one ranged, conditional GET per page or small file).
+"""A lean GET for S3: one SigV4-signed request on aiohttp, for the hot paths of a worker
+(cold reads and loads: one ranged, conditional GET per page or small file; cold
+listings: one GET per ListObjectsV2 page, see :mod:`shoal.ufs.s3list`).
 
 Why not s3fs/aiobotocore here: profiled under a load job, ~64% of a worker's CPU went
 into aiobotocore's request pipeline (event hooks, serializer, user-agent building,
 response parser) for every GET, which capped one worker at ~400 GETs/s on this machine
-kind while raw boto3 in four processes did ~1,000. This module signs with botocore's
-own SigV4 signer (so the canonicalisation rules are botocore's) and sends the request
-with aiohttp; listing and metadata calls still go through s3fs.
+kind while raw boto3 in four processes did ~1,000; a cold listing spent ~70% of its
+CPU in botocore's XML parser (a dateutil parse per key). Requests are signed by
+:mod:`shoal.ufs.sigv4` (checked against botocore's signer) and sent with aiohttp;
+metadata calls still go through s3fs.
 
 Used for path-style addressing against an explicit endpoint (S3-compatible stores);
 other set-ups keep the s3fs path.
@@ -31,8 +33,8 @@ from shoal.errors import (
     RetryableStoreError,
     StaleVersion,
 )
-
-_EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+from shoal.ufs.classify import classify_code
+from shoal.ufs.sigv4 import Signer, host_of
 
 
 @dataclass
@@ -47,8 +49,11 @@ class FastGet:
         self, endpoint: str, bucket: str, region: str, creds: dict[str, str] | None
     ) -> None:
         self.base = endpoint.rstrip("/") + "/" + urllib.parse.quote(bucket, safe="")
+        #: the bucket's path as sent (S3 signs the path as sent)
+        self.path = urllib.parse.urlsplit(self.base).path
+        self._origin = self.base[: len(self.base) - len(self.path)]
         self.region = region
-        self._creds = creds  # None = anonymous
+        self._signer = None if creds is None else Signer(host_of(endpoint), region, creds)
         self._session: aiohttp.ClientSession | None = None
         self._owner: tuple[asyncio.AbstractEventLoop, int] | None = None
 
@@ -65,20 +70,23 @@ class FastGet:
             self._owner = owner
         return self._session
 
-    def _sign(self, url: str, headers: dict[str, str]) -> dict[str, str]:
-        if self._creds is None:
-            return headers
-        from botocore.auth import S3SigV4Auth
-        from botocore.awsrequest import AWSRequest
-        from botocore.credentials import Credentials
-
-        c = self._creds
-        req = AWSRequest(method="GET", url=url, headers=dict(headers))
-        req.headers["X-Amz-Content-SHA256"] = _EMPTY_SHA256
-        S3SigV4Auth(Credentials(c["key"], c["secret"], c.get("token")), "s3", self.region).add_auth(
-            req
-        )
-        return dict(req.headers.items())
+    async def _send(
+        self, path: str, query: str, headers: dict[str, str], timeouts: tuple[float, float]
+    ) -> Reply | BaseException:
+        """One signed GET of ``path`` (and ``query``), both percent-encoded as sent; a
+        failure to get an answer comes back as its exception."""
+        if self._signer is not None:
+            headers = self._signer.sign(path, query, headers)
+        url = self._origin + path + ("?" + query if query else "")
+        connect, read = timeouts
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
+        try:
+            async with self._http().get(
+                URL(url, encoded=True), headers=headers, timeout=timeout
+            ) as r:
+                return Reply(r.status, r.headers, await r.read())
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return exc
 
     async def get(
         self,
@@ -93,26 +101,31 @@ class FastGet:
         ``timeouts`` is (connect, read): seconds to connect, and how long the store may
         stay silent (for the head of its answer and between chunks of the body); no
         total, so a large body that keeps arriving is never cut."""
-        url = self.base + "/" + urllib.parse.quote(key, safe="/~")
+        path = self.path + "/" + urllib.parse.quote(key, safe="/~")
         headers = {"Range": f"bytes={start}-" + ("" if end is None else str(end))}
         if if_match is not None:
             headers["If-Match"] = f'"{if_match}"'
-        signed = self._sign(url, headers)
-        connect, read = timeouts
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
-        try:
-            async with self._http().get(
-                URL(url, encoded=True), headers=signed, timeout=timeout
-            ) as r:
-                body = await r.read()
-                reply = Reply(r.status, r.headers, body)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        reply = await self._send(path, "", headers, timeouts)
+        if isinstance(reply, BaseException):
             # chained: the retry loop tells a silent store (a timeout) from one that
             # answered; the text never carries the request's signature
-            raise RetryableStoreError(f"GET {key}: {type(exc).__name__}") from exc
+            raise RetryableStoreError(f"GET {key}: {type(reply).__name__}") from reply
         if reply.status in (200, 206, 416):
             return reply
         raise _error(reply, key)
+
+    async def list_page(self, query: str, what: str, timeouts: tuple[float, float]) -> bytes:
+        """The body of one ListObjectsV2 answer for ``query`` (encoded, see
+        :func:`shoal.ufs.s3list.list_query`); errors are classified as botocore's
+        would be through the s3fs path (:func:`shoal.ufs.classify.classify_code`)."""
+        reply = await self._send(self.path, query, {}, timeouts)
+        if isinstance(reply, BaseException):
+            raise RetryableStoreError(f"LIST {what}: {type(reply).__name__}") from reply
+        if reply.status == 200:
+            return reply.body
+        code = _code(reply)
+        cls = classify_code(code, reply.status)
+        raise cls(f"LIST {what}: {code or 'error'} (HTTP {reply.status})")
 
     async def close(self) -> None:
         s, self._session = self._session, None
@@ -120,11 +133,15 @@ class FastGet:
             await s.close()
 
 
-def _error(r: Reply, key: str) -> Exception:
-    code = ""
+def _code(r: Reply) -> str:
     text = r.body[:1000].decode("utf-8", "replace")
     if "<Code>" in text:
-        code = text.split("<Code>", 1)[1].split("</Code>", 1)[0]
+        return text.split("<Code>", 1)[1].split("</Code>", 1)[0]
+    return ""
+
+
+def _error(r: Reply, key: str) -> Exception:
+    code = _code(r)
     why = f"GET {key}: HTTP {r.status} {code}".rstrip()
     if r.status == 412:
         return StaleVersion(f"{key} changed in under storage")
