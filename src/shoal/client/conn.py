@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from shoal.client.watch import Watch
 from shoal.core.tls import WHAT_TO_PASS, TLSRefused, looks_like_tls
 from shoal.errors import ProtocolError, ShoalError, Unavailable
 from shoal.proto import wire
@@ -51,11 +52,6 @@ _FD_ANC = socket.CMSG_SPACE(wire.MAX_FDS * array.array("i").itemsize)
 #: timeout: a thirtieth of the request's deadline, at least PROBE_MIN (1 s for the
 #: default 30 s deadline: a hung worker is left within ~3 s)
 PROBE_MIN = 1.0
-#: the pause between probes while a live worker is still at the request
-PROBE_EVERY = 2.0
-#: probes in a row without a HELLO before a worker is taken to be hung (one slow
-#: HELLO under load was seen to fail a stat through the mount)
-PROBE_MISSES = 2
 #: idle pooled connections older than this part of the worker's idle timeout are not
 #: reused (the worker may be closing them right now)
 _REUSE_FOR = 0.8 * wire.IDLE_TIMEOUT
@@ -399,10 +395,10 @@ class Pool:
             conn.close()
 
     async def call(self, req: Request[R], want_fds: bool = False) -> Response[R]:
-        watch: _Watch | None = None
+        watch: Watch | None = None
         try:
             async with asyncio.timeout(self.timeout) as cm:
-                watch = _Watch(self, cm)
+                watch = Watch(self, cm)
                 try:
                     return await self._call(req, want_fds)
                 finally:
@@ -465,44 +461,3 @@ class Pool:
         for c in self._idle:
             c.close()
         self._idle.clear()
-
-
-class _Watch:
-    """Probes the worker's liveness while one request to it runs longer than the pool's
-    probe_after; ends the request's deadline at once when the worker does not answer."""
-
-    def __init__(self, pool: Pool, cm: asyncio.Timeout) -> None:
-        self.pool = pool
-        self.cm = cm
-        self.hung = False
-        self.done = False
-        #: probes in a row the worker did not answer
-        self.misses = 0
-        self.loop = asyncio.get_running_loop()
-        self.task: asyncio.Task[None] | None = None
-        self.handle = self.loop.call_later(pool.probe_after, self._start)
-
-    def _start(self) -> None:
-        if not self.done:
-            self.task = self.loop.create_task(self._probe())
-
-    async def _probe(self) -> None:
-        alive = await self.pool.alive()
-        if self.done:
-            return
-        if alive:
-            self.misses = 0
-            self.handle = self.loop.call_later(PROBE_EVERY, self._start)
-        elif self.misses + 1 < PROBE_MISSES:
-            # one slow HELLO is a loaded machine as often as a hung worker: ask again
-            self.misses += 1
-            self._start()
-        else:
-            self.hung = True
-            self.cm.reschedule(self.loop.time())  # the request's deadline ends now
-
-    def stop(self) -> None:
-        self.done = True
-        self.handle.cancel()
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
