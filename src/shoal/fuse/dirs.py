@@ -65,14 +65,18 @@ class DirectoryOps:
         if not n.key:
             ds = await self.client.dataset(n.ds)
             return [FileInfo(m.name, 0, "", self.started, True) for m in ds.mounts]
-        out = []
-        listed = await self.client.ls(n.path)
-        self.ahead.listed(n.path)  # its files' lookups need no listing of their own
-        for e in listed:
-            name = e.path.rsplit("/", 1)[1]
-            e = self.with_link(n.ds, n.key + "/" + name, e)
-            out.append(FileInfo(name, e.size, e.version, e.mtime, e.is_dir, e.mtime_ns, e.link))
+        started = self.ahead.epoch(n.path)
+        out = [self.listed_entry(n.path, e) for e in await self.client.ls(n.path)]
+        self.ahead.listed(n.path, out, started)  # its lookups are answered from it
         return out
+
+    def listed_entry(self, path: str, e: FileInfo) -> FileInfo:
+        """A client's listing entry of directory ``path`` as the mount shows it: named by
+        its name, with the link target the client holds."""
+        name = e.path.rsplit("/", 1)[1]
+        key = path.split("/", 2)[2] + "/" + name
+        e = self.with_link(path.split("/", 2)[1], key, e)
+        return FileInfo(name, e.size, e.version, e.mtime, e.is_dir, e.mtime_ns, e.link)
 
     def op_readdirplus(self, nodeid: int, body: memoryview) -> Result:
         return self._readdir(nodeid, body, True)

@@ -79,7 +79,7 @@ class FileSystem(DirectoryOps, PassthroughOps):
         self.negative: OrderedDict[tuple[int, str], str] = OrderedDict()
         self._notifying: set[asyncio.Task[None]] = set()
         self.stats = Stats()
-        self.ahead = Ahead(client, self.stats)
+        self.ahead = Ahead(client, self.stats, self.listed_entry, self._generation)
         root = Node(p.ROOT_ID, "/", "", "", True, mtime_ns=self.started_ns, nlookup=1 << 62)
         root.attr = self._attr(root)
         self.nodes[root.ino] = root
@@ -113,6 +113,10 @@ class FileSystem(DirectoryOps, PassthroughOps):
     def _dataset(self, name: str) -> Dataset | None:
         hit = self.cache.datasets.get(name)
         return hit[0] if hit is not None else None
+
+    def _generation(self, path: str) -> int | None:
+        ds = self._dataset(path.split("/", 2)[1])
+        return ds.generation if ds is not None else None
 
     def ttl(self, n: Node) -> float:
         """Seconds the kernel may trust this entry and its attributes."""
@@ -213,10 +217,15 @@ class FileSystem(DirectoryOps, PassthroughOps):
         if n is not None and self._fresh(n):
             return self._entry(n)
         if parent.key:  # inside a mount: the client may hold the metadata already
-            held = self._held(parent, name)
+            held = self._held(parent, name) or self._from_listing(parent, name)
             if held is not None:
                 return self._entry(held)
         return self._lookup(parent, name)
+
+    def _from_listing(self, parent: Node, name: str) -> Node | None:
+        """The child from a listing of its directory the mount took (within the bound)."""
+        info = self.ahead.entry(parent.path, name, self.ttl(parent))
+        return self._child(parent, name, info) if info is not None else None
 
     def _held(self, parent: Node, name: str) -> Node | None:
         """The child from the metadata the client holds (within its bound), if any."""
@@ -238,7 +247,8 @@ class FileSystem(DirectoryOps, PassthroughOps):
 
     async def _lookup(self, parent: Node, name: str) -> Reply:
         if parent.key and await self.ahead.wait_listing(parent.path, self.ttl(parent)):
-            held = self._held(parent, name)  # the directory's listing answered for it
+            # the directory's listing answered for it
+            held = self._held(parent, name) or self._from_listing(parent, name)
             if held is not None:
                 return self._entry(held)
         self.stats.client_calls += 1
