@@ -132,3 +132,92 @@ def test_fsspec_cat_file_fast_path_has_the_slow_paths_range_semantics(
         with fs.open(f"/ds/data/{k}", "rb") as f:
             assert f.read() == v
     assert fs.client_cache.counters.short_circuit > 0
+
+
+@pytest.mark.parametrize("staleness", [None, "never", "60"])
+def test_stats_of_listed_files_make_no_call_beyond_the_listing(
+    moto: MotoServer, cluster: TestCluster, bucket: str, staleness: str | None
+) -> None:
+    # the bench's meta pass in one process: ls every directory, then stat its files,
+    # twice; the staleness bound unset (the default), never, or finite
+    files = sample_files(240, 10, 400, seed=13)
+    make_bucket(moto.endpoint, bucket, files)
+    cluster.s3_dataset(bucket, moto.endpoint, {"staleness": staleness} if staleness else None)
+    dirs = sorted({k.rpartition("/")[0] for k in files})
+    assert len(dirs) == 3
+    with cluster.client() as c:
+        listed: dict[str, Any] = {}
+        for i, d in enumerate(dirs):  # either spelling of a directory teaches the same
+            for e in c.ls(f"/ds/data/{d}" + ("/" if i % 2 else "")):
+                listed[e.path] = e
+        assert c.stat(f"/ds/data/{dirs[0]}").is_dir  # still a directory, when asked
+        with pytest.raises(FileNotFoundError):
+            c.stat(f"/ds/data/{dirs[0]}/missing.bin")
+        _no_loop(c)
+        for _ in range(2):
+            for k in sorted(files):
+                got = c.stat(f"/ds/data/{k}")
+                want = listed[f"/ds/data/{k}"]
+                assert (got.path, got.size, got.version, got.mtime, got.is_dir) == (
+                    want.path,
+                    len(files[k]),
+                    want.version,
+                    want.mtime,
+                    False,
+                )
+
+
+def test_stats_of_listed_files_ask_again_when_the_dataset_revalidates_always(
+    moto: MotoServer, cluster: TestCluster, bucket: str
+) -> None:
+    files = {"d/a.bin": b"one", "d/b.bin": b"two"}
+    make_bucket(moto.endpoint, bucket, files)
+    cluster.s3_dataset(bucket, moto.endpoint, {"staleness": "always"})
+    s3 = s3_client(moto.endpoint)
+    with cluster.client() as c:
+        assert {e.path for e in c.ls("/ds/data/d")} == {"/ds/data/d/a.bin", "/ds/data/d/b.bin"}
+        s3.put_object(Bucket=bucket, Key="d/a.bin", Body=b"version two")
+        assert c.stat("/ds/data/d/a.bin").size == len(b"version two")
+        _no_loop(c)
+        with pytest.raises(AssertionError, match="loop thread"):
+            c.stat("/ds/data/d/b.bin")
+
+
+def test_a_process_that_walks_lists_each_further_directory_once_for_its_stats(
+    moto: MotoServer, cluster: TestCluster, bucket: str
+) -> None:
+    # the bench's warm stat pass: a fresh process stats files of many directories it
+    # never listed; once it has walked one directory, each further one costs a listing
+    files = sample_files(200, 10, 300, seed=14)
+    make_bucket(moto.endpoint, bucket, files)
+    cluster.s3_dataset(bucket, moto.endpoint)
+    by_dir: dict[str, list[str]] = {}
+    for k in sorted(files):
+        by_dir.setdefault(k.rpartition("/")[0], []).append(k)
+    assert len(by_dir) >= 2
+    with cluster.client() as c:
+        router = c._aio.router
+        asked: list[str] = []
+        send = router.with_failover
+
+        async def counted(*a: Any, **kw: Any) -> Any:
+            asked.append(type(a[2]).__name__)
+            return await send(*a, **kw)
+
+        router.with_failover = counted  # type: ignore[method-assign]
+        first, *rest = by_dir
+        for k in by_dir[first][:3]:  # a stat, then a second miss lists the directory
+            assert c.stat(f"/ds/data/{k}").size == len(files[k])
+        assert asked == ["StatRequest", "ListRequest"]
+        for d in rest:
+            del asked[:]
+            for k in by_dir[d]:
+                got = c.stat(f"/ds/data/{k}")
+                assert (got.path, got.size, got.is_dir) == (f"/ds/data/{k}", len(files[k]), False)
+            assert asked == ["ListRequest"], d
+        del asked[:]
+        # what a listing does not hold is still asked for: a missing file, a directory
+        with pytest.raises(FileNotFoundError):
+            c.stat(f"/ds/data/{rest[0]}/missing.bin")
+        assert c.stat(f"/ds/data/{rest[0]}").is_dir
+        assert "StatRequest" in asked

@@ -55,7 +55,10 @@ DIR_RELOCATE = 2.0
 #: a stat that misses the metadata cache in a directory where this many did before
 #: lists the directory instead (one round trip teaches every file in it): a reader that
 #: stats a second file of a directory is taken to be walking it, as rclone's VFS and
-#: the kernel's readdirplus assume, while a lone stat in a huge directory stays a stat
+#: the kernel's readdirplus assume, while a lone stat in a huge directory stays a stat;
+#: once a process has listed a directory of a dataset so (it walks), its first miss in
+#: any other directory of that dataset lists that one at once: one round trip per
+#: directory, not a stat and then a listing (``ClientCache.walking``)
 STAT_LIST_AFTER = 1
 #: seconds before a directory listed for stats is listed again on a miss (a file that
 #: was not in the listing: new, or not a file) when the staleness bound is shorter
@@ -129,6 +132,8 @@ class ClientCache:
     #: STAT_LIST_AFTER), and when the directory was last listed to answer them
     stat_misses: dict[tuple[str, str], int] = field(default_factory=dict)
     dirs_listed: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: datasets this process has listed a directory of for its stats (a walker)
+    walking: set[str] = field(default_factory=set)
     #: located pages this process checked whole for a partial read -> the data file's
     #: ctime then (see shoal.client.local)
     verified: dict[LocKey, int] = field(default_factory=dict)
@@ -160,7 +165,8 @@ class ClientCache:
 
     def list_due(self, ds: Dataset, directory: str) -> bool:
         """Whether a stat that missed in ``directory`` should list it (STAT_LIST_AFTER
-        misses before, not listed within the staleness bound or DIR_RELIST): never for
+        misses before, or none in a dataset this process walks; not listed within the
+        staleness bound or DIR_RELIST): never for
         a dataset that revalidates always, whose listings are never reused."""
         bound = ds.policy.staleness
         if bound == 0:
@@ -170,7 +176,7 @@ class ClientCache:
         if not misses and len(self.stat_misses) >= MAX_STAT_DIRS:
             self.stat_misses.clear()  # a bound on what this process keeps per directory
         self.stat_misses[key] = misses + 1
-        if misses < STAT_LIST_AFTER:
+        if misses < STAT_LIST_AFTER and ds.name not in self.walking:
             return False
         at = self.dirs_listed.get(key)
         return at is None or time.monotonic() - at > max(DIR_RELIST, bound)
@@ -194,6 +200,7 @@ class ClientCache:
             self.dirs_located.pop(d, None)
         for a in [a for a in self.dir_asks if a[1] == ds]:
             self.dir_asks.pop(a, None)
+        self.walking.discard(ds)
         for table in (self.stat_misses, self.dirs_listed):
             for k in [k for k in table if k[0] == ds]:
                 table.pop(k, None)

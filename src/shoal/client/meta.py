@@ -75,6 +75,7 @@ class Metadata:
 
     async def _list_for_stats(self, ds: Dataset, directory: str) -> None:
         self.cache.dirs_listed[(ds.name, directory)] = time.monotonic()
+        self.cache.walking.add(ds.name)
         np = split_path(f"/{ds.name}/{directory}")
         req = ListRequest(ds.name, directory, ds.generation)
         try:
