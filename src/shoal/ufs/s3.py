@@ -41,6 +41,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from fsspec.spec import AbstractFileSystem
 
@@ -110,6 +111,12 @@ class S3Store(FsspecStore):
         self._endpoint = options.get("endpoint_url") or None
         if self._endpoint and "@" in self._endpoint.split("://", 1)[-1].partition("/")[0]:
             raise InvalidArgument("endpoint_url may not carry credentials; use credentials_file")
+        if self._endpoint:
+            parts = urlsplit(self._endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise InvalidArgument(
+                    f"endpoint_url {self._endpoint!r} is not an http:// or https:// URL"
+                )
         self._region = options.get("region") or None
         self._anon = opt_bool(options, "anon", False)
         default_addr = "path" if self._endpoint else None
