@@ -268,10 +268,15 @@ def test_a_drained_worker_hands_its_files_over_and_no_read_fails(
     assert not failures, failures[:5]
     assert proxy.counts() == {}, "a drained worker's files came from it, not from the store"
     assert gone not in {w["id"] for w in ring(c)["workers"]}
+    # the receivers count what came in at their next heartbeat, so wait for it
+    wait_for(
+        lambda: report(c)["totals"].get("moved_files", 0) >= out["moved"]["files_out"],
+        30,
+        "the receivers to report the files they were handed",
+    )
     r = report(c)
     assert next(w for w in r["workers"] if w["id"] == gone)["state"] == "left"
     assert r["totals"]["handed_over_files"] == out["moved"]["files_out"]
-    assert r["totals"]["moved_files"] >= out["moved"]["files_out"]
     # a drain of a worker that is not there is a one-line error
     bad = subprocess.run(
         [sys.executable, "-m", "shoal", "worker", "drain", gone],
