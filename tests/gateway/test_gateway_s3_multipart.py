@@ -201,6 +201,42 @@ def test_abort_cleans_the_parts(wa: Any, wb: Any, gw_dataset: GatewayData, gws: 
     assert code_of(e.value) == (404, "NoSuchKey")
 
 
+def test_list_uploads_pages_with_markers(wa: Any, wb: Any, gw_dataset: GatewayData) -> None:
+    """boto3's paginator walks ListMultipartUploads with key-marker and
+    upload-id-marker: every upload once, in key order, also two on one key split
+    across pages; a bad max-uploads is a 400."""
+    bkt = gw_dataset.bucket
+    keys = ["data/pages/a.bin", "data/pages/b.bin", "data/pages/b.bin", "data/pages/c.bin"]
+    ups = [(k, wa.create_multipart_upload(Bucket=bkt, Key=k)["UploadId"]) for k in keys]
+    try:
+        pages = list(
+            wb.get_paginator("list_multipart_uploads").paginate(
+                Bucket=bkt, Prefix="data/pages/", PaginationConfig={"PageSize": 1}
+            )
+        )
+        seen = [(u["Key"], u["UploadId"]) for p in pages for u in p.get("Uploads", [])]
+        assert len(pages) == 4 and sorted(seen) == sorted(ups), (len(pages), seen)
+        assert [k for k, _ in seen] == sorted(keys)
+        first = wb.list_multipart_uploads(Bucket=bkt, Prefix="data/pages/", MaxUploads=3)
+        assert first["IsTruncated"] and len(first["Uploads"]) == 3
+        rest = wb.list_multipart_uploads(
+            Bucket=bkt,
+            Prefix="data/pages/",
+            KeyMarker=first["NextKeyMarker"],
+            UploadIdMarker=first["NextUploadIdMarker"],
+        )
+        assert [(u["Key"], u["UploadId"]) for u in rest["Uploads"]] == [seen[3]]
+        assert not rest["IsTruncated"]
+        after_b = wb.list_multipart_uploads(Bucket=bkt, Prefix="data/pages/", KeyMarker=keys[1])
+        assert [u["Key"] for u in after_b["Uploads"]] == [keys[3]]
+        with pytest.raises(ClientError) as e:
+            wb.list_multipart_uploads(Bucket=bkt, MaxUploads=-1)
+        assert code_of(e.value)[0] == 400
+    finally:
+        for k, up in ups:
+            wa.abort_multipart_upload(Bucket=bkt, Key=k, UploadId=up)
+
+
 def test_another_identity_is_refused(
     a: Gateway, b: Gateway, wa: Any, gw_dataset: GatewayData, s3_client_for: Any
 ) -> None:

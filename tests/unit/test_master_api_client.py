@@ -275,8 +275,7 @@ def test_ring_from_response_refuses_a_malformed_answer() -> None:
 async def plane(fake: FakeMaster) -> AsyncIterator[ControlPlane]:
     cp = ControlPlane(ClientSettings(master=fake.url), ClientCache())
     yield cp
-    if cp._http is not None:
-        await cp._http.close()
+    await cp.close()
 
 
 async def test_control_plane_sees_a_bodyless_502_as_unavailable(

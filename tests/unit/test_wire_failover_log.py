@@ -7,8 +7,9 @@ import logging
 
 import pytest
 
-from shoal.client.aio import FAILOVER_LOG_EVERY, AsyncClient
+from shoal.client.aio import AsyncClient
 from shoal.client.cache import WorkerAddr
+from shoal.client.routing import FAILOVER_LOG_EVERY
 from shoal.config import ClientSettings
 from shoal.errors import Unavailable
 
@@ -17,18 +18,18 @@ def test_failovers_are_logged_once_per_interval(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr("shoal.client.aio.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("shoal.client.routing.time.monotonic", lambda: now[0])
     c = AsyncClient(ClientSettings(master="http://127.0.0.1:9"))
-    monkeypatch.setattr(c, "_refresh_soon", lambda: None)
+    monkeypatch.setattr(c.router, "refresh_soon", lambda: None)
     a = WorkerAddr("w-a", "127.0.0.1", 1, "", "n")
     b = WorkerAddr("w-b", "127.0.0.1", 2, "", "n")
     with caplog.at_level(logging.WARNING, logger="shoal.client"):
         for _ in range(500):
-            c._mark_suspect(a, Unavailable("boom"))
+            c.router.mark_suspect(a, Unavailable("boom"))
             now[0] += 0.001
-        c._mark_suspect(b, Unavailable("other"))
+        c.router.mark_suspect(b, Unavailable("other"))
         now[0] += FAILOVER_LOG_EVERY
-        c._mark_suspect(a, Unavailable("late"))
+        c.router.mark_suspect(a, Unavailable("late"))
     lines = [r.getMessage() for r in caplog.records]
     assert c.cache.counters.failovers == 502
     assert len(lines) == 3, lines

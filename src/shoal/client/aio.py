@@ -146,13 +146,6 @@ class AsyncClient:
     def is_local(self, w: WorkerAddr) -> bool:
         return self.router.is_local(w)
 
-    # the two below: names of the old inheritance chain that tests still call
-    def _mark_suspect(self, w: WorkerAddr, exc: Exception) -> None:
-        self.router.mark_suspect(w, exc)
-
-    def _refresh_soon(self) -> None:
-        self.router.refresh_soon()
-
     # -- hits and the short circuit -----------------------------------------------------
 
     def note_local_read(self, path: str, nbytes: int) -> None:

@@ -115,7 +115,7 @@ async def bucket_op(gw: S3Gateway, ctx: Ctx) -> web.StreamResponse:
     if "uploads" in q:
         ctx.op = "ListMultipartUploads"
         await _dataset_exists(gw, ctx)
-        return xml(gw.uploads.list_doc(ctx.bucket, q.get("prefix", "")))
+        return xml(gw.uploads.list_doc(ctx.bucket, q))
     if "acl" in q:
         ctx.op = "GetBucketAcl"
         await _dataset_exists(gw, ctx)

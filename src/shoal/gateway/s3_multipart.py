@@ -44,7 +44,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -214,17 +214,33 @@ class Uploads:
         found = (self.load(e.name) for e in os.scandir(self.root) if _ID.fullmatch(e.name))
         return [u for u in found if u is not None]
 
-    def list_doc(self, bucket: str, prefix: str) -> bytes:
+    def list_doc(self, bucket: str, q: Mapping[str, str]) -> bytes:
         """ListMultipartUploadsResult of ``bucket`` (every identity's uploads, as S3
-        lists them: an id alone gives no access to an upload)."""
+        lists them: an id alone gives no access to an upload), one page of at most
+        ``max-uploads``: in key order, a key's uploads oldest first, after
+        ``key-marker`` (and, on that key, after the upload ``upload-id-marker``)."""
+        prefix, key_marker = q.get("prefix", ""), q.get("key-marker", "")
+        id_marker = q.get("upload-id-marker", "") if key_marker else ""
+        try:
+            limit = min(int(q.get("max-uploads") or MAX_UPLOADS), MAX_UPLOADS)
+        except ValueError:
+            raise S3Error("InvalidArgument", "max-uploads is an integer", 400) from None
+        if limit < 0:
+            raise S3Error("InvalidArgument", "max-uploads is not negative", 400)
         items = sorted(
             (u for u in self.all() if u.bucket == bucket and u.key.startswith(prefix)),
-            key=lambda u: (u.key, u.initiated),
+            key=lambda u: (u.key, u.initiated, u.id),
         )
-        page, more = items[:MAX_UPLOADS], len(items) > MAX_UPLOADS
-        body = els([("Bucket", bucket), ("Prefix", prefix), ("MaxUploads", MAX_UPLOADS)])
+        ids = [(u.key, u.id) for u in items]
+        if id_marker and (key_marker, id_marker) in ids:
+            items = items[ids.index((key_marker, id_marker)) + 1 :]
+        elif key_marker:
+            items = [u for u in items if u.key > key_marker]
+        page, more = items[:limit], len(items) > limit
+        body = els([("Bucket", bucket), ("KeyMarker", key_marker)])
+        body += els([("UploadIdMarker", id_marker), ("Prefix", prefix), ("MaxUploads", limit)])
         body += el("IsTruncated", "true" if more else "false")
-        if more:
+        if more and page:
             body += els([("NextKeyMarker", page[-1].key), ("NextUploadIdMarker", page[-1].id)])
         for u in page:
             who = els([("ID", u.owner), ("DisplayName", u.owner)])
