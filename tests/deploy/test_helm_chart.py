@@ -350,3 +350,53 @@ def test_operator_role_grants_what_the_operator_calls(
         }
 
     assert grants(want["rules"]) <= grants(role["rules"])
+
+
+def test_no_gateway_by_default(chart: Any) -> None:
+    docs = chart.template()
+    assert not [d for d in docs if "-gateway-" in d["metadata"]["name"]]
+
+
+def test_the_gateways_run_beside_the_workers_and_reach_their_socket(
+    chart: Any, find_doc: Callable[..., Doc], container_of: Callable[[Doc, str], Doc]
+) -> None:
+    docs = chart.template(CHART / "examples" / "gateways.yaml")
+    worker = find_doc(docs, "DaemonSet", "-worker")
+    for kind, port in (("s3", 9000), ("webhdfs", 9870)):
+        ds = find_doc(docs, "DaemonSet", f"-gateway-{kind}")
+        pod = ds["spec"]["template"]["spec"]
+        # the same nodes as the workers: every gateway has a worker on its node
+        assert pod["affinity"] == worker["spec"]["template"]["spec"]["affinity"]
+        gw = container_of(ds, "gateway")
+        assert gw["command"] == ["shoal", "gateway", kind]
+        assert f"--port={port}" in gw["args"] and "--host=0.0.0.0" in gw["args"]
+        assert "--allow-anonymous" not in gw["args"]
+        assert "--credentials=/etc/shoal/gateway/credentials.toml" in gw["args"]
+        assert {"name": "worker-dir", "mountPath": "/var/lib/shoal/worker"} in gw["volumeMounts"]
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["worker-dir"]["hostPath"]["path"] == "/var/lib/shoal/worker"
+        assert {e["name"] for e in gw["env"]} >= {"SHOAL_MASTER", "SHOAL_SECRET", "SHOAL_NODE"}
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        svc = find_doc(docs, "Service", f"-gateway-{kind}")
+        assert svc["spec"]["ports"][0]["port"] == port
+        assert svc["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"]
+    s3 = find_doc(docs, "DaemonSet", "-gateway-s3")
+    args = container_of(s3, "gateway")["args"]
+    assert "--writable=ckpt" in args and "--uploads-dir=/var/lib/shoal/uploads" in args
+    vols = {v["name"]: v for v in s3["spec"]["template"]["spec"]["volumes"]}
+    assert vols["uploads"]["persistentVolumeClaim"]["claimName"] == "shoal-s3-uploads"
+    assert vols["gateway-credentials"]["secret"]["secretName"] == "shoal-s3-keys"
+    assert find_doc(docs, "Service", "-gateway-s3")["spec"]["internalTrafficPolicy"] == "Local"
+    hdfs = container_of(find_doc(docs, "DaemonSet", "-gateway-webhdfs"), "gateway")["args"]
+    assert "--trust-user-name" in hdfs and "--block-size=128MiB" in hdfs
+
+
+def test_a_gateway_without_credentials_serves_anonymous_reads(
+    chart: Any, find_doc: Callable[..., Doc], container_of: Callable[[Doc, str], Doc]
+) -> None:
+    docs = chart.template(sets=["gateway.s3.enabled=true"])
+    gw = container_of(find_doc(docs, "DaemonSet", "-gateway-s3"), "gateway")
+    assert "--allow-anonymous" in gw["args"]
+    assert not [a for a in gw["args"] if a.startswith("--credentials")]
+    vols = find_doc(docs, "DaemonSet", "-gateway-s3")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "uploads", "emptyDir": {}} in vols

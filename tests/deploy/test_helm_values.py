@@ -50,6 +50,16 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ["/worker/tiers/0/highWatermark"],
     ),
     (
+        "typo in a gateway key",
+        {"gateway": {"s3": {"enabled": True, "credentialSecret": "x"}}},
+        ["/gateway/s3", "credentialSecret"],
+    ),
+    (
+        "unknown traffic policy",
+        {"gateway": {"webhdfs": {"service": {"internalTrafficPolicy": "Node"}}}},
+        ["/gateway/webhdfs/service/internalTrafficPolicy"],
+    ),
+    (
         "no tiers",
         {"worker": {"tiers": []}},
         ["/worker/tiers", "minItems"],
