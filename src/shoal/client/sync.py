@@ -2,9 +2,12 @@
 
 The event loop runs on a private daemon thread started on first use (never in
 ``__init__``). Warm reads whose metadata and page locations are already known never
-touch that thread: they are a ``pread`` on the caller's thread. The façade is safe to
-use after ``os.fork()`` (a DataLoader worker gets a fresh loop and connections but keeps
-the caches and descriptors) and pickles to its settings (DataLoader with spawn).
+touch that thread: they are a ``pread`` on the caller's thread; reads and ``cat_many``
+of workers on other hosts are a blocking request on the caller's own connection to the
+worker (shoal.client.blocking: no hop to the loop), handed to the loop when anything
+goes wrong. The façade is safe to use after ``os.fork()`` (a DataLoader worker gets a
+fresh loop and connections but keeps the caches and descriptors) and pickles to its
+settings (DataLoader with spawn).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import weakref
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
+from shoal.client import blockbatch
 from shoal.client.aio import AsyncClient
+from shoal.client.blocking import BlockingReads
 from shoal.client.cache import FORKS, ClientCache
 from shoal.client.local import read_path, stat_path, touches_due
 from shoal.config import ClientSettings, master_from_env
@@ -33,6 +38,7 @@ class Client:
         self.settings = settings or ClientSettings(master=master_from_env(master))
         self.cache = ClientCache()
         self._aio = AsyncClient(self.settings, self.cache)
+        self._blocking = BlockingReads(self._aio, self._refresh_soon)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._gen = FORKS[0]
@@ -56,6 +62,7 @@ class Client:
         # the loop thread does not exist in the child; sockets are shared with the parent
         self._aio.abandon()
         self._aio = AsyncClient(self.settings, self.cache)
+        self._blocking = BlockingReads(self._aio, self._refresh_soon)
         self._loop = None
         self._thread = None
         self._lock = threading.Lock()
@@ -88,10 +95,17 @@ class Client:
         loop = self._get_loop()
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
+    def _refresh_soon(self) -> None:
+        """A blocking read saw a newer ring epoch: refresh the ring on the loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._aio.router.refresh_soon)
+
     def close(self) -> None:
         if self._gen != FORKS[0]:
             self._after_fork()
             return
+        self._blocking.close()
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
@@ -149,6 +163,9 @@ class Client:
         data = self.read_fast(path, offset, length)
         if data is None:
             data = self._aio.read_ahead_fast(path, offset, length)
+        if data is None and self._loop is not None:
+            # a remote worker: a blocking request on this thread (no hop to the loop)
+            data = self._blocking.read(path, offset, length)
         if data is not None:
             return data
         return self._run(self._aio.read(path, offset, length))
@@ -157,7 +174,16 @@ class Client:
         return self.read(path)
 
     def cat_many(self, paths: Iterable[str]) -> dict[str, bytes | ShoalError]:
-        return self._run(self._aio.cat_many(list(paths)))
+        todo = list(paths)
+        if self._gen != FORKS[0]:
+            self._after_fork()
+        got = blockbatch.cat_many(self._blocking, todo) if self._loop is not None else None
+        if got is None:
+            return self._run(self._aio.cat_many(todo))
+        out, rest = got  # remote workers, asked on this thread; the rest the async way
+        if rest:
+            out.update(self._run(self._aio.cat_many(rest)))
+        return out
 
     def stat(self, path: str) -> FileInfo:
         """A file's or directory's metadata: from this process's metadata cache or the
