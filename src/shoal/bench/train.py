@@ -7,6 +7,8 @@ The loaders compared, each with the same decode, sampler seed and step:
 
 - ``local-dir``: an ImageFolder-like dataset over the local copy of the files;
 - ``shoal-fuse``: the same dataset over shoal's FUSE mount;
+- ``shoal-fuse-kopen``: a second mount of it with ``--kernel-open`` (warm epochs only):
+  no OPEN and RELEASE round trip per sample, only the IOCTL of ``open()``'s isatty;
 - ``shoal-torch``: :class:`shoal.torch.ShoalMapDataset` with :class:`ShoalSampler`
   (batched reads, prefetch of each worker's share);
 - ``boto3``: one GET per sample through the same shaper (the cold reference);
@@ -40,8 +42,10 @@ if TYPE_CHECKING:
 
 SIDE = 224  # the decoded sample: 3 x SIDE x SIDE floats, as a ResNet's input
 
-LOADERS = ("synthetic", "local-dir", "shoal-fuse", "shoal-torch", "boto3")
+KOPEN = "shoal-fuse-kopen"
+LOADERS = ("synthetic", "local-dir", "shoal-fuse", KOPEN, "shoal-torch", "boto3")
 ABOUT = {
+    KOPEN: "shoal FUSE mount with --kernel-open (no open round trips, no passthrough)",
     "shoal-torch": "shoal.torch.ShoalMapDataset + ShoalSampler (batched reads, prefetch)",
     "synthetic": "training loop on a tensor in memory: no read, no decode (the ceiling)",
 }
@@ -252,10 +256,13 @@ class SuiteRun:
     one epoch each, repeated), so that the load of a shared machine moves each loader
     alike; the cache holds every image by then (the last cold epoch read them all)."""
 
-    def __init__(self, suite: Suite, fuse: Contender | None, t: Trainer) -> None:
+    def __init__(
+        self, suite: Suite, fuse: Contender | None, t: Trainer, kopen: Contender | None = None
+    ) -> None:
         cfg, env, imgs = suite.cfg, suite.env, suite.images
         assert env is not None and imgs is not None
         self.suite, self.env, self.fuse, self.t = suite, env, fuse, t
+        self.kopen = kopen
         self.keys = tuple(imgs.keys())
         self.sizes = tuple(imgs.files[k] for k in self.keys)
         self.counts = tuple(cfg.train_workers)
@@ -272,6 +279,8 @@ class SuiteRun:
             return Source(kind, k, s, root=env.local_root)
         if kind == "shoal-fuse":
             return Source(kind, k, s, root=self.fuse.root)  # type: ignore[union-attr]
+        if kind == KOPEN:
+            return Source(kind, k, s, root=self.kopen.root)  # type: ignore[union-attr]
         if kind == "shoal-torch":
             return Source(kind, k, s, master=env.master, dataset=env.dataset)
         if kind == "boto3":
@@ -281,6 +290,8 @@ class SuiteRun:
     def pids(self, kind: str) -> list[int]:
         if kind == "shoal-fuse" and self.fuse is not None:
             return self.fuse.daemon_pids()
+        if kind == KOPEN and self.kopen is not None:
+            return self.kopen.daemon_pids()
         c = self.suite.cluster
         if kind == "shoal-torch" and c is not None:
             return [p for n, p in c.pids.items() if n.startswith("worker")]
@@ -312,6 +323,12 @@ class SuiteRun:
                     self.suite.shoal_cold()
                 runner.drop_caches()
                 self.epoch(f"train cold w{w}", kind, w)
+        if self.kopen is not None:
+            try:  # mounted once the cold epochs are done (they start a fresh cluster)
+                self.kopen.setup()
+                shoal.append(KOPEN)
+            except Exception as exc:
+                self.suite.report.skipped[f"{KOPEN} (training)"] = f"setup failed: {exc}"[:200]
         for w in self.counts:
             for _ in range(max(1, self.suite.cfg.train_epochs)):
                 for kind in ("synthetic", "local-dir", *shoal):
@@ -328,9 +345,27 @@ def run_suite(suite: Suite, by_name: dict[str, Contender]) -> None:
         except Exception as exc:
             suite.report.skipped["shoal-fuse (training)"] = f"setup failed: {exc}"[:200]
             fuse = None
+    kopen = kernel_open_mount(fuse) if fuse is not None else None
     try:
         with Trainer() as t:
-            SuiteRun(suite, fuse, t).run()
+            SuiteRun(suite, fuse, t, kopen).run()
     finally:
+        if kopen is not None and hasattr(kopen, "mnt"):  # set up (SuiteRun.run)
+            kopen.teardown()
         if fuse is not None:
             fuse.teardown()
+
+
+def kernel_open_mount(fuse: Contender) -> Contender:
+    """A second mount like ``fuse``, with --kernel-open, of the same cluster (its warm
+    epochs read what the first mount's cold epoch cached)."""
+    base: Any = type(fuse)
+
+    class KernelOpen(base):
+        name = KOPEN
+
+        def command(self) -> tuple[list[str], dict[str, str]]:
+            argv, env = base.command(self)
+            return [*argv, "--kernel-open"], env
+
+    return KernelOpen(fuse.env)

@@ -49,7 +49,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--kernel-open",
         action="store_true",
-        help="opens never reach the daemon: fastest for many small files (no passthrough)",
+        help="opens never reach the daemon: one round trip per small file instead of three "
+        "(no passthrough for large files)",
     )
     p.add_argument("--readahead", type=int, default=8192, metavar="KIB", help="kernel readahead")
     p.add_argument("--state-dir", help="where pid, state and log files go (~/.shoal/mounts)")

@@ -36,6 +36,9 @@ MAX_READ = MAX_PAGES * 4096
 #: writes never happen (read-only), but the kernel sizes its buffer check on max_write
 MAX_WRITE = 128 * 1024
 BUF_SIZE = MAX_WRITE + 4096
+#: replies that give the kernel a file's attributes: in kernel-open mode they wait for
+#: the invalidations of new versions in flight (ops.FileSystem.invalidate_soon)
+ATTR_OPS = frozenset({p.Op.LOOKUP, p.Op.GETATTR, p.Op.READDIRPLUS})
 
 
 class Daemon:
@@ -57,6 +60,8 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
         self.done: asyncio.Future[None] | None = None
         self.notifications = 0
+        #: hold attribute replies behind invalidations (no open does it: kernel-open)
+        self.hold = fs.kernel_open
         fs.notify = self.notify
 
     # -- notifications --------------------------------------------------------------
@@ -198,6 +203,8 @@ class Daemon:
                 if hist is not None:  # a failed request is timed like an answered one
                     hist.observe(clock() - t0)
                 continue
+            if self.hold and self.fs.invalidating and opcode in ATTR_OPS:
+                res = _ready(res)
             if type(res) is CoroutineType:
                 task = asyncio.get_running_loop().create_task(self._finish(unique, opcode, res, t0))
                 self._tasks.add(task)
@@ -213,6 +220,9 @@ class Daemon:
     ) -> None:
         try:
             reply = await asyncio.wait_for(coro, OP_TIMEOUT)
+            pending = self.fs.invalidating
+            if self.hold and pending and opcode in ATTR_OPS:
+                await asyncio.wait(set(pending), timeout=OP_TIMEOUT)
         except Exception as exc:
             self._fail(unique, opcode, exc)
         else:
@@ -246,6 +256,10 @@ class Daemon:
 
     def request_counts(self) -> dict[str, int]:
         return {_opname(i): c for i, c in enumerate(self.counts) if c}
+
+
+async def _ready(reply: Any) -> Reply:
+    return await reply if type(reply) is CoroutineType else reply
 
 
 def _opname(opcode: int) -> str:

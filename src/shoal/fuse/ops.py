@@ -7,6 +7,15 @@ the staleness bound, page locations on a local worker) is answered synchronously
 no task and no round trip: warm lookups, getattr, opens and reads of cached pages.
 Large files complete on the local worker are opened in kernel passthrough, so their
 reads never reach this process.
+
+Opens: by default each is an OPEN and a RELEASE (FOPEN_KEEP_CACHE while the version is
+unchanged), and Python's ``open()`` adds an IOCTL (isatty(); the kernel hands every
+ioctl on and never remembers ENOTTY): three round trips per file, the daemon's CPU
+almost all in the syscalls and wake-ups. ``kernel_open`` answers the first OPEN ENOSYS
+and the kernel opens every file itself from then on, with keep_cache: one round trip,
+no passthrough. Its revalidation is the kernel's LOOKUP and GETATTR at the staleness
+bound; a new version seen then is invalidated before the reply with its attributes
+goes out (AUTO_INVAL_DATA sees only size and mtime): :meth:`FileSystem.invalidate_soon`.
 """
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ log = logging.getLogger("shoal.fuse.ops")
 
 #: client.stat calls in flight while revalidating a changed dataset
 STAT_PARALLELISM = 32
+#: large files whose read window is kept in kernel-open mode (no RELEASE drops it)
+MAX_CHUNKS = 16
 
 
 class FileSystem(DirectoryOps, PassthroughOps):
@@ -78,6 +89,10 @@ class FileSystem(DirectoryOps, PassthroughOps):
         #: negative entries handed out inside datasets: (parent ino, name) -> dataset
         self.negative: OrderedDict[tuple[int, str], str] = OrderedDict()
         self._notifying: set[asyncio.Task[None]] = set()
+        #: inode invalidations of a new version in flight (kernel-open replies wait)
+        self.invalidating: set[asyncio.Task[None]] = set()
+        #: nodes holding a read window, least recent first (kernel-open mode)
+        self._chunks: OrderedDict[int, Node] = OrderedDict()
         self.stats = Stats()
         self.ahead = Ahead(client, self.stats, self.listed_entry, self._generation)
         root = Node(p.ROOT_ID, "/", "", "", True, mtime_ns=self.started_ns, nlookup=1 << 62)
@@ -186,6 +201,24 @@ class FileSystem(DirectoryOps, PassthroughOps):
         self._notifying.add(task)
         task.add_done_callback(self._notifying.discard)
 
+    def invalidate_soon(self, ino: int) -> None:
+        """Drop the kernel's pages and attributes of ``ino`` (a new version). Without
+        opens nothing else would: in kernel-open mode the daemon holds attribute replies
+        until these are written (never a READ's: invalidating waits for locked pages)."""
+        if self.notify is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.notify([p.encode_inval_inode(ino)]))
+        self.invalidating.add(task)
+        task.add_done_callback(self.invalidating.discard)
+
+    def _keep_chunk(self, n: Node, at: int, data: bytes) -> None:
+        n.chunk_at, n.chunk = at, data
+        if self.kernel_open:  # no RELEASE ever drops it: keep the last few only
+            self._chunks[n.ino] = n
+            self._chunks.move_to_end(n.ino)
+            while len(self._chunks) > MAX_CHUNKS:
+                self._chunks.popitem(last=False)[1].chunk = b""
+
     def _entry(self, n: Node) -> bytes:
         n.nlookup += 1
         t = self.ttl(n)
@@ -204,6 +237,7 @@ class FileSystem(DirectoryOps, PassthroughOps):
         n.nlookup -= nlookup
         if n.nlookup <= 0 and n.opens == 0:
             self._drop_backing(n)
+            self._chunks.pop(nodeid, None)
             del self.nodes[nodeid]
             if self.by_path.get(n.path) is n:
                 del self.by_path[n.path]
@@ -384,14 +418,14 @@ class FileSystem(DirectoryOps, PassthroughOps):
         data = read_located(self.cache, ds, n.key, w0, w1 - w0)
         if data is None:
             return self._read(n, w0, w1 - w0, off, size)
-        n.chunk_at, n.chunk = w0, data
+        self._keep_chunk(n, w0, data)
         return memoryview(data)[off - w0 : off - w0 + size]
 
     async def _read(self, n: Node, w0: int, wlen: int, off: int, size: int) -> Reply:
         self.stats.client_calls += 1
         data = await self.client.read(n.path, w0, wlen)
         if wlen != size:
-            n.chunk_at, n.chunk = w0, data
+            self._keep_chunk(n, w0, data)
         return memoryview(data)[off - w0 : off - w0 + size]
 
     # -- the rest -------------------------------------------------------------------
