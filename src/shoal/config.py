@@ -14,11 +14,15 @@ import json
 import math
 import os
 import socket
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import field, replace
+from typing import TYPE_CHECKING
 
+from shoal.core.records import record
 from shoal.core.types import TIERS, parse_size
 from shoal.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ENV_MASTER = "SHOAL_MASTER"
 ENV_HOME = "SHOAL_HOME"
@@ -33,7 +37,7 @@ ENV_SECRET = "SHOAL_SECRET"
 CREDENTIALS_FILE = "credentials.json"
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class TierSpec:
     """One cache tier of a worker: ``mem:/dev/shm/shoal:1GiB`` or ``ssd:/var/cache/shoal:100GiB``."""
 
@@ -97,7 +101,21 @@ def _positive(what: str, field_name: str, value: float) -> None:
 def shoal_home() -> Path:
     """Where ``shoal up``'s cluster and the mounts keep their state: ``SHOAL_HOME``, else
     ``~/.shoal``."""
-    return Path(os.environ.get(ENV_HOME) or Path.home() / ".shoal")
+    from pathlib import Path
+
+    return Path(_home())
+
+
+def _home() -> str:
+    # os.path, not pathlib: a new client reads credentials.json through here, and
+    # pathlib (with urllib.parse, fnmatch) is a few ms of its start-up otherwise
+    return os.environ.get(ENV_HOME) or os.path.join(os.path.expanduser("~"), ".shoal")
+
+
+def _saved_credentials() -> str:
+    """What ``shoal up`` stored (``<shoal home>/credentials.json``); OSError if none."""
+    with open(os.path.join(_home(), CREDENTIALS_FILE), encoding="utf-8") as f:
+        return f.read()
 
 
 def node_name() -> str:
@@ -105,7 +123,7 @@ def node_name() -> str:
     return os.environ.get("SHOAL_NODE") or socket.gethostname()
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class MasterSettings:
     #: interface to bind; 127.0.0.1 unless deploying
     host: str = "127.0.0.1"
@@ -138,7 +156,7 @@ class MasterSettings:
             )
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class WorkerSettings:
     master: str
     host: str = "127.0.0.1"
@@ -186,7 +204,7 @@ class WorkerSettings:
             raise InvalidArgument(f"worker: each tier may be given once, got {', '.join(names)}")
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class ClientSettings:
     master: str
     #: seconds between background ring refreshes
@@ -219,12 +237,16 @@ class ClientSettings:
 
 def cluster_secret(secret_file: str | None) -> bytes | None:
     """The cluster secret: from ``secret_file``, else ``SHOAL_SECRET``; None: no auth."""
+    text = "" if secret_file else os.environ.get(ENV_SECRET, "")
+    if not secret_file and not text.strip():
+        # every new client asks (token_for): an open cluster's must not pay for
+        # importing PyJWT and cryptography (tens of ms before its first byte)
+        return None
     from shoal.core.tokens import load_secret, secret_from_text
 
     if secret_file:
         return load_secret(secret_file)
-    text = os.environ.get(ENV_SECRET, "")
-    return secret_from_text(text, f"${ENV_SECRET}") if text.strip() else None
+    return secret_from_text(text, f"${ENV_SECRET}")
 
 
 def worker_secret(
@@ -261,7 +283,7 @@ def tls_ca_for(explicit: str | None, master: str | None = None) -> str | None:
     if found or not master:
         return found or None
     try:
-        saved = json.loads((shoal_home() / CREDENTIALS_FILE).read_text()).get("tls_ca")
+        saved = json.loads(_saved_credentials()).get("tls_ca")
     except (OSError, ValueError, AttributeError):
         return None
     for url in master.split(","):
@@ -282,7 +304,8 @@ def token_for(master: str) -> str | None:
     path = os.environ.get(ENV_TOKEN_FILE)
     if path:
         try:
-            return Path(path).read_text().strip() or None
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip() or None
         except OSError as exc:
             raise InvalidArgument(f"{ENV_TOKEN_FILE}={path}: {exc.strerror}") from None
     secret = cluster_secret(None)
@@ -291,7 +314,7 @@ def token_for(master: str) -> str | None:
 
         return mint(secret, node_name(), ADMIN)
     try:
-        saved = json.loads((shoal_home() / CREDENTIALS_FILE).read_text())
+        saved = json.loads(_saved_credentials())
     except (OSError, ValueError):
         return None
     for url in master.split(","):

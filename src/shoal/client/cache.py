@@ -13,15 +13,18 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import field
+from typing import TYPE_CHECKING, Any
 
-from shoal.core.manifest import Manifest
-from shoal.core.ring import Ring
+from shoal.core.records import record
 from shoal.core.types import NEVER, Dataset, FileInfo
 
+if TYPE_CHECKING:
+    from shoal.core.manifest import Manifest
+    from shoal.core.ring import Ring
 
-@dataclass(frozen=True, slots=True)
+
+@record
 class WorkerAddr:
     id: str
     host: str
@@ -33,7 +36,7 @@ class WorkerAddr:
     tls: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PageLoc:
     """A cached page on a local worker: read it with pread(fds[fdkey], length, offset)."""
 
@@ -49,6 +52,9 @@ class PageLoc:
 
 
 LocKey = tuple[str, str, str, int]  # dataset, path, version, page index
+#: a whole small file a LOCATE_DIR answer located: descriptor key, offset, size,
+#: checksum, version, worker, page size (see ``ClientCache.dir_locs``)
+SmallLoc = tuple[tuple[int, int], int, int, int, str, str, int]
 
 #: seconds before a client asks a worker again for a directory's cached files
 DIR_RELOCATE = 2.0
@@ -77,7 +83,7 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-@dataclass
+@record(slots=False, frozen=False)
 class Counters:
     #: reads served by pread on a handed-over descriptor (no worker round trip)
     short_circuit: int = 0
@@ -112,7 +118,7 @@ class LRU(OrderedDict[Any, Any]):
             self.popitem(last=False)
 
 
-@dataclass
+@record(slots=False, frozen=False)
 class ClientCache:
     datasets: dict[str, tuple[Dataset, float]] = field(default_factory=dict)
     ring: Ring | None = None
@@ -120,6 +126,11 @@ class ClientCache:
     workers: dict[str, WorkerAddr] = field(default_factory=dict)
     meta: LRU = field(default_factory=lambda: LRU(1_000_000))
     locs: dict[LocKey, PageLoc] = field(default_factory=dict)
+    #: (dataset, path) -> a whole small file located by LOCATE_DIR whose path ``meta``
+    #: does not hold: kept raw, so that learning a dataset's files costs no records
+    #: per file (shoal.client.local reads them); dropped whenever ``meta`` learns or
+    #: forgets the path, or the descriptors go
+    dir_locs: dict[tuple[str, str], SmallLoc] = field(default_factory=dict)
     fds: dict[tuple[int, int], int] = field(default_factory=dict)
     #: short-circuit hits not yet reported: (worker, dataset, path, version, pages, bytes)
     touch_log: list[tuple[str, str, str, str, int, int]] = field(default_factory=list)
@@ -162,6 +173,11 @@ class ClientCache:
 
     def remember(self, ds: str, info: FileInfo) -> None:
         self.meta.put((ds, info.path), (info, time.monotonic()))
+        if self.dir_locs:  # a located small file: a page record now, if of this version
+            small = self.dir_locs.pop((ds, info.path), None)
+            if small is not None and small[4] == info.version:
+                fdkey, off, size, ck, version, worker, ps = small
+                self.locs[(ds, info.path, version, 0)] = PageLoc(fdkey, off, size, ck, worker, ps)
 
     def list_due(self, ds: Dataset, directory: str) -> bool:
         """Whether a stat that missed in ``directory`` should list it (STAT_LIST_AFTER
@@ -189,6 +205,7 @@ class ClientCache:
 
     def forget(self, ds: str, path: str) -> None:
         self.meta.pop((ds, path), None)
+        self.dir_locs.pop((ds, path), None)
 
     def forget_dataset(self, ds: str) -> None:
         for k in [k for k in self.meta if k[0] == ds]:
@@ -196,6 +213,8 @@ class ClientCache:
         for k in [k for k in self.locs if k[0] == ds]:
             self.locs.pop(k, None)
             self.verified.pop(k, None)
+        for s in [s for s in self.dir_locs if s[0] == ds]:
+            self.dir_locs.pop(s, None)
         for d in [d for d in self.dirs_located if d[1] == ds]:
             self.dirs_located.pop(d, None)
         for a in [a for a in self.dir_asks if a[1] == ds]:
@@ -217,6 +236,7 @@ class ClientCache:
 
     def drop_locations(self) -> None:
         self.locs.clear()
+        self.dir_locs.clear()
         self.verified.clear()
         fds = list(self.fds.values())
         self.fds.clear()

@@ -30,7 +30,7 @@ import time
 
 import xxhash
 
-from shoal.client.cache import ClientCache, LocKey, PageLoc
+from shoal.client.cache import ClientCache, LocKey, PageLoc, SmallLoc
 from shoal.core.types import NEVER, Dataset, FileInfo
 
 #: hits buffered before a flush to the workers is due
@@ -56,21 +56,37 @@ def _coarse_now() -> int:
     return time.clock_gettime_ns(_COARSE)
 
 
-def _bad(c: ClientCache, key: LocKey, loc: PageLoc) -> None:
+def _bad(c: ClientCache, key: LocKey, worker: str) -> None:
     c.counters.corrupt += 1
-    c.bad_pages.append((loc.worker, key))
+    c.bad_pages.append((worker, key))
 
 
 def _page(c: ClientCache, key: LocKey, loc: PageLoc, start: int, end: int) -> bytes | None:
     """Bytes [start, end) of one located page, verified (see the module docstring)."""
-    fd = c.fds.get(loc.fdkey)
+    return _span(c, key, loc.fdkey, loc.offset, loc.length, loc.checksum, loc.worker, start, end)
+
+
+def _span(
+    c: ClientCache,
+    key: LocKey,
+    fdkey: tuple[int, int],
+    offset: int,
+    length: int,
+    checksum: int,
+    worker: str,
+    start: int,
+    end: int,
+) -> bytes | None:
+    """Bytes [start, end) of the page ``length`` bytes at ``offset`` of a handed-over
+    descriptor, verified: checked whole against ``checksum``, or trusted by its ctime."""
+    fd = c.fds.get(fdkey)
     if fd is None:
         return None
     verified = c.verified
     try:
         stamp = verified.get(key)
         if stamp is not None:
-            data = os.pread(fd, end - start, loc.offset + start)
+            data = os.pread(fd, end - start, offset + start)
             # fstat after the pread: any write before the pread has moved the ctime
             if len(data) == end - start and os.fstat(fd).st_ctime_ns == stamp:
                 return data
@@ -79,15 +95,15 @@ def _page(c: ClientCache, key: LocKey, loc: PageLoc, start: int, end: int) -> by
         # a check stands for this ctime only if a later write cannot share it: the
         # kernel's clock (that writes are stamped from) must have moved past it
         settled = _coarse_now() > ctime
-        whole = os.pread(fd, loc.length, loc.offset)
+        whole = os.pread(fd, length, offset)
     except OSError:
         return None
-    if len(whole) != loc.length or _xxh3(whole) != loc.checksum:
-        _bad(c, key, loc)
+    if len(whole) != length or _xxh3(whole) != checksum:
+        _bad(c, key, worker)
         return None
     if settled:
         verified[key] = ctime
-    return whole if start == 0 and end == loc.length else whole[start:end]
+    return whole if start == 0 and end == length else whole[start:end]
 
 
 def _trust_due(c: ClientCache, now: float) -> None:
@@ -109,9 +125,12 @@ def read_located(
     that a reader served only from here still sees a sync or a policy change in time.
     ``touch=False``: locations a worker handed over just now for this read (it counted
     the read when it answered)."""
-    info = c.info(ds, path)
-    if info is None or offset < 0:
+    if offset < 0:
         return None
+    info = c.info(ds, path)
+    if info is None:
+        small = c.dir_locs.get((ds.name, path))
+        return None if small is None else _read_small(c, ds, path, small, offset, length, touch)
     now = time.monotonic()
     if touch and now - c.checked_at > c.refresh_every:
         return None
@@ -148,6 +167,40 @@ def read_located(
         counters.bytes_short_circuit += len(data)
         assert loc is not None  # the range is not empty
         c.touch_log.append((loc.worker, ds.name, path, info.version, last - first + 1, len(data)))
+    return data
+
+
+def _read_small(
+    c: ClientCache, ds: Dataset, path: str, small: SmallLoc, offset: int, length: int, touch: bool
+) -> bytes | None:
+    """:func:`read_located` of a whole small file a LOCATE_DIR answer located (see
+    ``ClientCache.dir_locs``): one ``pread`` and its check, with no metadata or page
+    records built for it (a reader of a quarter of a dataset's files would otherwise
+    build them for all of them first)."""
+    fdkey, off, size, checksum, version, worker, ps = small
+    if ps != ds.policy.page_size or ds.policy.staleness != NEVER:
+        return None  # located in another layout, or a policy that revalidates
+    now = time.monotonic()
+    if touch and now - c.checked_at > c.refresh_every:
+        return None
+    if c.verified:
+        _trust_due(c, now)
+    end = size if length < 0 else min(size, offset + length)
+    if offset >= end:  # an empty file, or a range past the end: no bytes to read
+        if touch:
+            c.counters.short_circuit += 1
+        return b""
+    key: LocKey = (ds.name, path, version, 0)
+    data = _span(c, key, fdkey, off, size, checksum, worker, offset, end)
+    if data is None or len(data) != end - offset:
+        c.dir_locs.pop((ds.name, path), None)
+        c.verified.pop(key, None)
+        return None  # never a short read: the slow path asks the worker
+    if touch:
+        counters = c.counters
+        counters.short_circuit += 1
+        counters.bytes_short_circuit += len(data)
+        c.touch_log.append((worker, ds.name, path, version, 1, len(data)))
     return data
 
 

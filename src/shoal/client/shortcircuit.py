@@ -178,16 +178,18 @@ class ShortCircuit:
         keys = []
         for key, fd in zip(ids, resp.fds, strict=True):
             keys.append(c.add_fd(key, fd))
-        meta, locs, name, wid, now = c.meta, c.locs, ds.name, w.id, time.monotonic()
+        meta, locs, name, wid = c.meta, c.locs, ds.name, w.id
+        small, verified = c.dir_locs, c.verified
         for path, v, size, slot, off, n, ck in m.items:
             if n != size or size > ps:
                 continue  # a whole small file, or nothing
-            mk = (name, path)
-            known = meta.get(mk)
+            if verified:
+                verified.pop((name, path, v, 0), None)  # a check of another location
+            known = meta.get((name, path))
             if known is None:
-                meta.put(mk, (FileInfo(path, size, v), now))
-            elif known[0].version != v:
-                continue  # this process already reads another version of it
-            locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid, ps)
-            c.verified.pop((name, path, v, 0), None)  # a check of another location
+                # kept raw until read (shoal.client.local): no records per file here
+                small[(name, path)] = (keys[slot], off, n, ck, v, wid, ps)
+            elif known[0].version == v:
+                locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid, ps)
+            # else: this process already reads another version of it
         return m.full and (directory is not None or bool(m.items))

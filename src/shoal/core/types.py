@@ -10,6 +10,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from shoal.core.records import record
 from shoal.errors import InvalidArgument, PathOutsideDataset
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -88,7 +89,7 @@ def _parse_bool(key: str, text: str | bool) -> bool:
     raise InvalidArgument(f"invalid value for {key}: {text!r} (expected true or false)")
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class CachePolicy:
     """How a dataset is cached."""
 
@@ -176,7 +177,7 @@ class CachePolicy:
         return cls(**kw)
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class Mount:
     """One under-storage location mounted under a dataset: /<dataset>/<name>/..."""
 
@@ -206,7 +207,7 @@ class Mount:
         return cls(name=d["name"], uri=d["uri"], options=dict(d.get("options") or {}))
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class Dataset:
     name: str
     mounts: tuple[Mount, ...]
@@ -276,7 +277,7 @@ def mtime_ns_of(mtime: float) -> int:
     return round(mtime * 1e9) if mtime else 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FileInfo:
     """A file or directory as under storage describes it.
 
@@ -346,7 +347,7 @@ class PageKey:
     index: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NsPath:
     """A namespace path /<dataset>/<mount>/<rel> split into its parts."""
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
+
+from shoal.core.records import record
 
 __all__ = ["BadResponse", "ConnectError", "Headers", "LightHTTP", "Reply"]
 
@@ -66,14 +67,14 @@ class Headers(Mapping[str, str]):
         return len(self._items)
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class Reply:
     status: int
     body: bytes
     headers: Headers
 
 
-@dataclass
+@record(slots=False, frozen=False)
 class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from urllib.parse import urlsplit
 
@@ -29,6 +28,7 @@ import msgpack
 
 from shoal.config import tls_ca_for, token_for
 from shoal.core.manifest import Manifest
+from shoal.core.records import record
 from shoal.core.tls import WHAT_TO_PASS, TLSRefused, client_context
 from shoal.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
 from shoal.proto import control as api
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 SessionFactory = Callable[[], "aiohttp.ClientSession"]
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class Answer:
     """A successful (1xx-3xx) answer: its status, raw body and headers."""
 

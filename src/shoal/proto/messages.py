@@ -19,11 +19,12 @@ other's HELLO (see :func:`shoal.proto.wire.check_hello` and ``refuse_hello``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from enum import IntEnum
 from operator import attrgetter
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
+from shoal.core.records import record
 from shoal.core.types import FileInfo
 from shoal.errors import ProtocolError, ShoalError, from_code
 from shoal.proto import wire
@@ -110,7 +111,7 @@ class Reply(Message):
 # -- HELLO: the same in every version -----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HelloReply(Message):
     version: int
     worker: str = ""
@@ -129,7 +130,7 @@ class HelloReply(Message):
         return cls(meta["version"], str(w), str(node), epoch if type(epoch) is int else 0)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HelloRequest(Request[HelloReply]):
     """``[version]``, or ``[version, token]`` from a client that has a cluster token (a
     worker of any version ignores fields past the version, so this stays readable
@@ -167,7 +168,7 @@ def _info(w: Any, what: str) -> FileInfo:
     return FileInfo.from_wire(w)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StatReply(Message):
     info: FileInfo
 
@@ -179,7 +180,7 @@ class StatReply(Message):
         return cls(_info(meta, "StatReply"))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StatRequest(Request[StatReply]):
     OP: ClassVar[Op] = Op.STAT
     REPLY: ClassVar[Any] = StatReply
@@ -188,7 +189,7 @@ class StatRequest(Request[StatReply]):
     generation: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ListReply(Message):
     entries: tuple[FileInfo, ...]
 
@@ -202,7 +203,7 @@ class ListReply(Message):
         return cls(tuple(_info(w, "ListReply") for w in meta))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ListRequest(Request[ListReply]):
     OP: ClassVar[Op] = Op.LIST
     REPLY: ClassVar[Any] = ListReply
@@ -214,7 +215,7 @@ class ListRequest(Request[ListReply]):
 # -- READ -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReadReply(Reply):
     """The whole pages covering the range; their bytes follow as the frame's data."""
 
@@ -229,7 +230,7 @@ class ReadReply(Reply):
     pages: list[list[int]]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReadRequest(Request[ReadReply]):
     """Bytes [offset, offset+length) (length -1: to the end). ``version`` None: what the
     worker holds within the staleness bound; ``page_size`` 0: not checked."""
@@ -264,7 +265,7 @@ _STATUS = {int(s): s for s in ItemStatus}
 _ITEM: Types = (_S, _I, _S, _I, _I, _S, _S)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BatchItem(Message):
     path: str
     status: ItemStatus
@@ -292,7 +293,7 @@ class BatchItem(Message):
         return cls(it[0], status, it[2], it[3], it[4], it[5], it[6])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BatchReply(Message):
     """One item per path asked, in order; the OK items' bytes follow, concatenated."""
 
@@ -308,7 +309,7 @@ class BatchReply(Message):
         return cls(tuple(BatchItem.decode(it) for it in meta[0]))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BatchRequest(Request[BatchReply]):
     """Whole small files (at most ``wire.MAX_BATCH``)."""
 
@@ -327,7 +328,7 @@ class BatchRequest(Request[BatchReply]):
 # -- LOCATE, LOCATE_DIR -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LocateReply(Reply):
     """Where the pages are on the worker's disk; descriptors ride along (SCM_RIGHTS)."""
 
@@ -347,7 +348,7 @@ class LocateReply(Reply):
     stamps: list[int] = field(default_factory=list)  #: per fd: ctime_ns of its pages' check
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LocateRequest(Request[LocateReply]):
     """Locations of [offset, offset+length), plus up to ``ahead`` bytes of already
     cached pages after it; ``cached_only``: never fetch (answer a miss instead)."""
@@ -365,7 +366,7 @@ class LocateRequest(Request[LocateReply]):
     generation: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LocateDirReply(Reply):
     """Cached small files of a directory (or dataset); descriptors ride along."""
 
@@ -377,7 +378,7 @@ class LocateDirReply(Reply):
     full: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LocateDirRequest(Request[LocateDirReply]):
     """``directory`` None: the whole dataset's cached small files, if few enough."""
 
@@ -392,7 +393,7 @@ class LocateDirRequest(Request[LocateDirReply]):
 # -- TOUCH, DROP ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Done(Reply):
     """The empty answer of TOUCH and DROP."""
 
@@ -402,7 +403,7 @@ class Done(Reply):
 DONE = Done()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TouchRequest(Request[Done]):
     """Hits a client served itself (short circuit): stats and recency on the worker."""
 
@@ -417,7 +418,7 @@ class TouchRequest(Request[Done]):
         return cls(a[0], tuple((it[0], it[1], it[2], it[3]) for it in a[1]))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DropRequest(Request[Done]):
     """A reader saw a bad checksum on this page (the worker checks it again itself)."""
 
