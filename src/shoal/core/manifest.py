@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -63,44 +65,94 @@ class Entry:
         return out
 
 
+#: one entry as the columns hold it: (path, size, version, mtime, mtime_ns, link)
+Row = tuple[str, int, str, float, int, str]
+
+
 class Manifest:
+    """The sorted table, held as columns: a path list (bisected), compact arrays of sizes
+    and times, versions, and the few links by index. An :class:`Entry` is made only for
+    the files asked about: an object per file cost ~150 more bytes for each of a million
+    files in every worker and client holding the manifest, and decoding made them all."""
+
     def __init__(self, dataset: str, entries: Iterable[Entry], built_at: float = 0.0) -> None:
+        rows = [(e.path, e.size, e.version, float(e.mtime), e.mtime_ns, e.link) for e in entries]
+        self._fill(dataset, rows, built_at)
+
+    def _fill(self, dataset: str, rows: list[Row], built_at: float) -> None:
         self.dataset = dataset
         self.built_at = built_at
-        items = sorted(entries, key=lambda e: e.path)
-        self._paths = [e.path for e in items]
-        self._entries = items
+        rows.sort(key=itemgetter(0))  # stable; linear on a sorted table (a decoded one)
+        self._paths = [r[0] for r in rows]
+        self._sizes = array("q", [r[1] for r in rows])
+        self._versions = [r[2] for r in rows]
+        self._mtimes = array("d", [r[3] for r in rows])
+        self._ns = array("q", [r[4] for r in rows])
+        self._links = {i: r[5] for i, r in enumerate(rows) if r[5]}
+
+    @classmethod
+    def _of_rows(cls, dataset: str, rows: list[Row], built_at: float) -> Manifest:
+        man = cls.__new__(cls)
+        man._fill(dataset, rows, built_at)
+        return man
+
+    def _entry(self, i: int) -> Entry:
+        return Entry(
+            self._paths[i],
+            self._sizes[i],
+            self._versions[i],
+            self._mtimes[i],
+            self._ns[i],
+            self._links.get(i, ""),
+        )
+
+    def _row(self, i: int) -> Row:
+        return (
+            self._paths[i],
+            self._sizes[i],
+            self._versions[i],
+            self._mtimes[i],
+            self._ns[i],
+            self._links.get(i, ""),
+        )
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._paths)
 
     @property
     def total_bytes(self) -> int:
-        return sum(e.size for e in self._entries)
+        return sum(self._sizes)
+
+    def _find(self, path: str) -> int:
+        i = bisect.bisect_left(self._paths, path)
+        return i if i < len(self._paths) and self._paths[i] == path else -1
 
     def get(self, path: str) -> Entry | None:
-        i = bisect.bisect_left(self._paths, path)
-        if i < len(self._paths) and self._paths[i] == path:
-            return self._entries[i]
-        return None
+        i = self._find(path)
+        return None if i < 0 else self._entry(i)
 
     def is_dir(self, path: str) -> bool:
         prefix = path.rstrip("/") + "/" if path else ""
         i = bisect.bisect_left(self._paths, prefix)
         return i < len(self._paths) and self._paths[i].startswith(prefix)
 
+    def _under(self, prefix: str) -> range:
+        """The indexes of every file at or below ``prefix`` (a file or a directory)."""
+        p = prefix.rstrip("/")
+        if p and (i := self._find(p)) >= 0:
+            return range(i, i + 1)
+        start = p + "/" if p else ""
+        lo = bisect.bisect_left(self._paths, start)
+        if not start:
+            return range(lo, len(self._paths))
+        # everything that starts with start: up to the first path >= start with '/' + 1
+        hi = bisect.bisect_left(self._paths, p + "0", lo)  # '0' sorts right after '/'
+        return range(lo, hi)
+
     def under(self, prefix: str) -> Iterator[Entry]:
         """Every file at or below ``prefix`` (a file path or a directory path)."""
-        p = prefix.rstrip("/")
-        exact = self.get(p) if p else None
-        if exact is not None:
-            yield exact
-            return
-        start = p + "/" if p else ""
-        i = bisect.bisect_left(self._paths, start)
-        while i < len(self._paths) and self._paths[i].startswith(start):
-            yield self._entries[i]
-            i += 1
+        for i in self._under(prefix):
+            yield self._entry(i)
 
     def ls(self, path: str) -> list[FileInfo]:
         """Direct children of a directory: files and subdirectories, sorted."""
@@ -113,7 +165,7 @@ class Manifest:
             rest = self._paths[i][len(start) :]
             slash = rest.find("/")
             if slash < 0:
-                out.append(self._entries[i].info())
+                out.append(self._entry(i).info())
                 i += 1
                 continue
             sub = start + rest[:slash]
@@ -127,42 +179,61 @@ class Manifest:
         seen: set[str] = set()
         out: list[Entry] = []
         for p in prefixes or [""]:
-            for e in self.under(p):
-                if e.path in seen:
+            for i in self._under(p):
+                path = self._paths[i]
+                if path in seen:
                     continue
-                if glob and not fnmatch.fnmatchcase(e.path, glob):
+                if glob and not fnmatch.fnmatchcase(path, glob):
                     continue
-                seen.add(e.path)
-                out.append(e)
+                seen.add(path)
+                out.append(self._entry(i))
         return out
 
     def merge(self, prefixes: list[str], fresh: Iterable[Entry], built_at: float) -> Manifest:
         """A new manifest where everything under ``prefixes`` is replaced by ``fresh``."""
-        keep = [e for e in self._entries if not _under_any(e.path, prefixes)]
-        return Manifest(self.dataset, [*keep, *fresh], built_at)
+        rows = [(e.path, e.size, e.version, float(e.mtime), e.mtime_ns, e.link) for e in fresh]
+        return self.merge_rows(prefixes, rows, built_at)
+
+    def merge_rows(self, prefixes: list[str], fresh: list[Any], built_at: float) -> Manifest:
+        """:meth:`merge` of wire entries (a listing's ``[path, size, version, mtime(,
+        mtime_ns(, link))]``), with no object made per entry on the way."""
+        drop: set[int] = set()
+        for p in prefixes:
+            drop.update(self._under(p))
+        if drop:
+            rows = [self._row(i) for i in range(len(self)) if i not in drop]
+        else:
+            rows = [self._row(i) for i in range(len(self))]
+        rows += [_row_of(r) for r in fresh]
+        return Manifest._of_rows(self.dataset, rows, built_at)
 
     def diff(self, other: Manifest, prefixes: list[str]) -> tuple[list[Entry], list[str]]:
         """Against a newer ``other``: entries changed or added there, paths gone there."""
         changed = [
-            e
+            other._entry(i)
             for p in prefixes or [""]
-            for e in other.under(p)
-            if (old := self.get(e.path)) is None or old.version != e.version
+            for i in other._under(p)
+            if (j := self._find(other._paths[i])) < 0 or self._versions[j] != other._versions[i]
         ]
         gone = [
-            e.path for p in prefixes or [""] for e in self.under(p) if other.get(e.path) is None
+            self._paths[i]
+            for p in prefixes or [""]
+            for i in self._under(p)
+            if other._find(self._paths[i]) < 0
         ]
         return changed, gone
 
     # -- wire -----------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        body = {
-            "v": FORMAT,
-            "dataset": self.dataset,
-            "built_at": self.built_at,
-            "entries": [e.row() for e in self._entries],
-        }
+        links = self._links
+        entries = [
+            [p, s, v, m, n, links[i]] if i in links else [p, s, v, m, n]
+            for i, (p, s, v, m, n) in enumerate(
+                zip(self._paths, self._sizes, self._versions, self._mtimes, self._ns, strict=True)
+            )
+        ]
+        body = {"v": FORMAT, "dataset": self.dataset, "built_at": self.built_at, "entries": entries}
         out: bytes = msgpack.packb(body, use_bin_type=True)
         return out
 
@@ -172,10 +243,21 @@ class Manifest:
             body: Any = msgpack.unpackb(raw, raw=False)
             if body.get("v") not in READS:
                 raise ProtocolError(f"manifest format {body.get('v')} is not one of {READS}")
-            entries = [Entry.from_row(row) for row in body["entries"]]
-            return cls(str(body["dataset"]), entries, float(body.get("built_at", 0.0)))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            rows = [_row_of(row) for row in body["entries"]]
+            return cls._of_rows(str(body["dataset"]), rows, float(body.get("built_at", 0.0)))
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise ProtocolError(f"unreadable manifest: {exc}") from None
+
+
+def _row_of(row: list[Any]) -> Row:
+    """A wire entry as :meth:`Entry.from_row` reads it, without the object."""
+    path, size, version, mtime = row[:4]
+    mtime = float(mtime)
+    ns = int(row[4]) if len(row) > 4 and row[4] else 0
+    if not ns and mtime:
+        ns = mtime_ns_of(mtime)
+    link = str(row[5]) if len(row) > 5 and row[5] else ""
+    return (str(path), int(size), str(version), mtime, ns, link)
 
 
 def _under_any(path: str, prefixes: list[str]) -> bool:

@@ -36,7 +36,7 @@ from shoal.master.jobshares import (
     job_replicas,
     placed_locally,
 )
-from shoal.master.jobstate import Job, JobState, Schedule, Task
+from shoal.master.jobstate import NO_ITEMS, Job, JobState, Schedule, Task
 from shoal.master.jobviews import job_progress, job_view, schedule_view
 from shoal.master.watchers import Watchers
 
@@ -234,7 +234,8 @@ class JobManager(WorkerShares):
 
     def report(self, task_id: int, body: dict[str, Any]) -> dict[str, Any]:
         r = J.TaskReport.from_body(body)
-        t = self.state.task(task_id)
+        # without its items: only a stop part way replaces them (written whole, below)
+        t = self.state.task(task_id, with_items=False)
         if t is None:
             raise NotFound(f"no task {task_id}")
         job = self._job(t.job)
@@ -258,7 +259,10 @@ class JobManager(WorkerShares):
                 t.progress.files_failed,
                 t.progress.failures[:1],
             )
-        self.state.put_task(t)
+        if t.items is NO_ITEMS:
+            self.state.put_task_run(t)
+        else:
+            self.state.put_task(t)
         if r.final:
             self.advance(job)
         return {"stop": verdict.stop}
@@ -266,17 +270,19 @@ class JobManager(WorkerShares):
     def _listed_entries(self, job: Job, entries: list[list[Any]], missing: list[str]) -> None:
         ds = self._dataset(job.spec.dataset)
         old = self.manifest(ds.name) or Manifest(ds.name, [])
-        fresh = [Entry.from_row(row) for row in entries]  # [path, size, version, mtime(, ns)]
         prefixes = job.spec.prefixes() if job.spec.files is None else []
         if job.spec.files is not None:
             # only the named files were looked at: replace exactly those
             named = set(job.spec.files)
             keep = [e for e in old.select([""]) if e.path not in named]
+            fresh = [Entry.from_row(row) for row in entries]  # [path, size, version, mtime(, ns)]
             new = Manifest(ds.name, [*keep, *fresh], self._clock())
         else:
-            new = old.merge(prefixes, fresh, self._clock())
+            # rows straight into the table: an object per listed file held the master's
+            # loop (and its heartbeats) for seconds at a million files
+            new = old.merge_rows(prefixes, entries, self._clock())
         if job.spec.kind == "sync":
-            changed, gone = old.diff(new, prefixes or sorted({e.path for e in fresh}))
+            changed, gone = old.diff(new, prefixes or sorted({str(r[0]) for r in entries}))
             job.listed["changed"] = [[e.path, e.version] for e in changed]
             job.listed["gone"] = gone
         job.listed["missing"] = [[p, "not found in under storage"] for p in missing]

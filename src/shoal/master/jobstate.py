@@ -46,6 +46,16 @@ CREATE TABLE IF NOT EXISTS schedules (
 );
 """
 
+#: every column but the items, in indexes: a row's columns after ``items`` (its file
+#: list, ~250 KB a task) are read through that list's overflow pages, so counting a
+#: job's progress read all of its file lists, on every view, tick and claim (an index
+#: alone holds them; the tables' format is unchanged, an older master ignores these)
+_RUN_COLUMNS = "lease, attempt, seq, progress, run"
+_COVERING = f"""
+CREATE INDEX IF NOT EXISTS tasks_job_run ON tasks(job, kind, state, worker, {_RUN_COLUMNS});
+CREATE INDEX IF NOT EXISTS tasks_worker_run ON tasks(worker, state, id, job, kind, {_RUN_COLUMNS});
+"""
+
 
 @dataclass
 class Job:
@@ -119,6 +129,7 @@ class JobState:
         for name, decl in _ADDED_TASK_COLUMNS:
             if name not in have:
                 self._db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {decl}")
+        self._db.executescript(_COVERING)
 
     def close(self) -> None:
         self._db.close()
@@ -217,9 +228,27 @@ class JobState:
             for r in rows
         ]
 
-    def task(self, task_id: int) -> Task | None:
-        found = self.tasks("WHERE id = ?", (task_id,))
+    def task(self, task_id: int, with_items: bool = True) -> Task | None:
+        found = self.tasks("WHERE id = ?", (task_id,), with_items)
         return found[0] if found else None
+
+    def put_task_run(self, t: Task) -> None:
+        """Write a task back but for its items (read with ``with_items=False``): a progress
+        report decoded and re-encoded the task's whole file list each half second."""
+        self._x(
+            "UPDATE tasks SET worker=?, state=?, progress=?, lease=?, attempt=?, seq=?, run=?"
+            " WHERE id=?",
+            (
+                t.worker,
+                t.state,
+                json.dumps(t.progress.to_dict()),
+                t.lease,
+                t.attempt,
+                t.seq,
+                json.dumps(t.run.to_dict()),
+                t.id,
+            ),
+        )
 
     def put_task(self, t: Task) -> None:
         if t.items is NO_ITEMS:

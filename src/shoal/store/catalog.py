@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Set
 
 from shoal.core.types import FileKey, PageKey
 from shoal.store.base import DatasetUsage
@@ -20,6 +21,11 @@ from shoal.store.largefiles import LargeFiles
 from shoal.store.segments import SegmentSet
 
 log = logging.getLogger("shoal.store.disk")
+
+#: the page sets of a small (one-page) file, shared: a set of its own per file cost 216
+#: bytes for each of a million cached files (large files get a mutable set each)
+NO_PAGES: frozenset[int] = frozenset()
+PAGE_0: frozenset[int] = frozenset((0,))
 
 
 class FileState:
@@ -34,8 +40,9 @@ class FileState:
         self.npages = -(-size // page_size) if self.large else 1
         #: data file name relative to the tier (large files only)
         self.name = name
-        #: indexes of the pages present (the file's bitmap)
-        self.pages: set[int] = set()
+        #: indexes of the pages present (the file's bitmap; shared constants for a
+        #: small file, changed only through the catalog)
+        self.pages: Set[int] = set() if self.large else NO_PAGES
         self.bytes = 0
         self.pinned = False
         #: earliest expiry of any of its pages; 0 = never
@@ -62,8 +69,9 @@ class Catalog:
         #: bytes stored per dataset, kept as pages come and go (by_dataset is O(datasets)
         #: for the heartbeat, not O(files): a scan of every file each second stalled the loop)
         self.dataset_bytes: dict[str, int] = {}
-        #: (dataset, path) -> cached versions of that file
-        self.by_path: dict[tuple[str, str], set[str]] = {}
+        #: dataset -> path -> cached versions of that file (a tuple: almost always one, and
+        #: a set per cached file cost 216 bytes; keyed per dataset: no key tuple per file)
+        self.by_path: dict[str, dict[str, tuple[str, ...]]] = {}
         #: (dataset, directory) -> paths of the files cached in it
         self.by_dir: dict[tuple[str, str], set[str]] = {}
         #: data file names of the large file versions (what reclaim must not unlink)
@@ -129,12 +137,14 @@ class Catalog:
         if files is None:
             files = self.datasets[fk.dataset] = {}
         files[fk] = st
-        where = (fk.dataset, fk.path)
-        versions = self.by_path.get(where)
+        paths_of = self.by_path.get(fk.dataset)
+        if paths_of is None:
+            paths_of = self.by_path[fk.dataset] = {}
+        versions = paths_of.get(fk.path)
         if versions is None:
-            self.by_path[where] = {fk.version}
-        else:
-            versions.add(fk.version)
+            paths_of[fk.path] = (fk.version,)
+        elif fk.version not in versions:
+            paths_of[fk.path] = (*versions, fk.version)
         where = (fk.dataset, fk.path.rpartition("/")[0])
         paths = self.by_dir.get(where)
         if paths is None:
@@ -145,7 +155,10 @@ class Catalog:
     def add_page(self, key: PageKey, st: FileState, e: PageEntry) -> None:
         self.changes += 1
         self.pages[key] = e
-        st.pages.add(key.index)
+        if isinstance(st.pages, set):
+            st.pages.add(key.index)
+        else:
+            st.pages = PAGE_0  # a small file's one page
         st.bytes += e.length
         ds = key.file.dataset
         self.dataset_bytes[ds] = self.dataset_bytes.get(ds, 0) + e.length
@@ -175,11 +188,16 @@ class Catalog:
             self.dataset_bytes.pop(fk.dataset, None)
         else:
             self.dataset_bytes[fk.dataset] -= st.bytes
-        vs = self.by_path.get((fk.dataset, fk.path))
-        if vs is not None:
-            vs.discard(fk.version)
-            if not vs:
-                del self.by_path[(fk.dataset, fk.path)]
+        paths_of = self.by_path.get(fk.dataset, {})
+        vs = paths_of.get(fk.path)
+        if vs is not None and fk.version in vs:
+            rest = tuple(v for v in vs if v != fk.version)
+            if rest:
+                paths_of[fk.path] = rest
+            else:
+                del paths_of[fk.path]
+                if not paths_of:
+                    del self.by_path[fk.dataset]
                 d = (fk.dataset, fk.path.rpartition("/")[0])
                 paths = self.by_dir.get(d)
                 if paths is not None:
@@ -208,7 +226,10 @@ class Catalog:
         st = self.files[key.file]
         e = self.pages.pop(key)
         self.index.delete_page(key)
-        st.pages.discard(key.index)
+        if isinstance(st.pages, set):
+            st.pages.discard(key.index)
+        else:
+            st.pages = NO_PAGES
         st.bytes -= e.length
         self.dataset_bytes[key.file.dataset] -= e.length
         self.large_bytes -= e.length
@@ -239,9 +260,9 @@ class CatalogListings:
     def files(self, dataset: str, prefix: str = "") -> list[FileKey]:
         p = prefix.rstrip("/")
         return [
-            FileKey(ds, path, v)
-            for (ds, path), vs in self._cat.by_path.items()
-            if ds == dataset and (not p or path == p or path.startswith(p + "/"))
+            FileKey(dataset, path, v)
+            for path, vs in self._cat.by_path.get(dataset, {}).items()
+            if not p or path == p or path.startswith(p + "/")
             for v in vs
         ]
 
@@ -249,15 +270,16 @@ class CatalogListings:
         return len(self._cat.datasets.get(dataset, ()))
 
     def files_in_dir(self, dataset: str, directory: str) -> list[FileKey]:
+        versions = self._cat.by_path.get(dataset, {})
         return [
             FileKey(dataset, path, v)
             for path in self._cat.by_dir.get((dataset, directory), ())
-            for v in self._cat.by_path.get((dataset, path), ())
+            for v in versions.get(path, ())
         ]
 
     def versions(self, dataset: str, path: str) -> dict[str, int]:
         out: dict[str, int] = {}
-        for v in self._cat.by_path.get((dataset, path), ()):
+        for v in self._cat.by_path.get(dataset, {}).get(path, ()):
             st = self._cat.files.get(FileKey(dataset, path, v))
             if st is not None:
                 out[v] = st.size

@@ -49,7 +49,11 @@ def _no_peer_to_ask(ld: Loader, ds: Dataset, path: str) -> bool:
         return True
     view = peers.view
     ring = view.ring
-    if ring is None or view.past:
+    if ring is None:
+        return False
+    # an earlier ring matters only where someone else held the dataset then (a worker
+    # that was expired and came back is its own only holder: its loads stay batched)
+    if any(ds.name in v for _, h in view.past for m, v in h.items() if m != view.me):
         return False
     if ring.members == (view.me,):
         return True  # the only member owns every file

@@ -1,6 +1,7 @@
 """Read-through loading: metadata within the staleness bound, pages from the store or,
 on a miss, from under storage with exactly one fetch per page (single-flight), bounded
-parallelism, and readahead for sequential readers.
+parallelism, and fetching ahead of the readers of large files (a sequential reader's
+window, a random reader's whole file: see :mod:`shoal.worker.prefetch`).
 
 A read is always of one file *version*: pages are keyed by it and ranged fetches are
 conditioned on it, so a reader can never get a mix of two versions.
@@ -21,18 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shoal.core.manifest import Manifest
-from shoal.core.paging import (
-    is_small,
-    page_count,
-    page_len,
-    pages_for_range,
-    readahead_window,
-)
+from shoal.core.paging import is_small, page_count, page_len, pages_for_range
 from shoal.core.singleflight import SingleFlight
 from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
 from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion
@@ -40,6 +36,12 @@ from shoal.store.base import CacheStore, Location, PutMeta
 from shoal.worker import batchload
 from shoal.worker.datasets import DatasetTable
 from shoal.worker.peers import Peers
+from shoal.worker.prefetch import Prefetcher
+
+#: files whose metadata the loader remembers beyond the manifest (oldest first out): a
+#: load of a million files kept an entry each (~330 bytes) for files nobody reads; a
+#: forgotten entry costs only a manifest lookup (or, within a bound, a revalidation)
+META_MAX = 65_536
 
 log = logging.getLogger("shoal.worker.loader")
 
@@ -78,7 +80,7 @@ class Loader:
         self.clock = clock
         self.concurrency = concurrency
         self._sem: asyncio.Semaphore | None = None
-        self._meta: dict[tuple[str, str], tuple[FileInfo, float]] = {}
+        self._meta: OrderedDict[tuple[str, str], tuple[FileInfo, float]] = OrderedDict()
         self._lists: dict[tuple[str, str], tuple[list[FileInfo], float]] = {}
         self._heads: SingleFlight[tuple[FileInfo, bytes | None]] = SingleFlight()
         self._pages: SingleFlight[Piece] = SingleFlight()
@@ -88,9 +90,14 @@ class Loader:
         self.dead_changes = 0
         #: dataset -> (manifest id, manifest) as the worker last fetched it
         self.manifests: dict[str, tuple[str, Manifest]] = {}
-        #: (dataset, path) -> (stop, window) of its last read that reached the loader
-        self._last_read: dict[tuple[str, str], tuple[int, int]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        #: readahead and whole-file fetches in the background (below our own bound,
+        #: so that a reader's own GETs always find room)
+        self.prefetch = Prefetcher(
+            self._page,
+            self._known,
+            lambda: self.store.usage().capacity,
+            budget=max(1, concurrency // 2),
+        )
         #: under-storage GETs issued (for tests and metrics)
         self.ufs_gets = 0
         #: previous owners to ask on a miss before under storage (None: ask nobody)
@@ -114,6 +121,8 @@ class Loader:
     def _remember(self, ds: Dataset, path: str, info: FileInfo) -> None:
         old = self._meta.get((ds.name, path))
         self._meta[(ds.name, path)] = (info, self.clock())
+        if len(self._meta) > META_MAX:
+            self._meta.popitem(last=False)
         if old is not None and old[0].version != info.version:
             # the object changed: its old pages can never be served again
             self.store.delete(FileKey(ds.name, path, old[0].version))
@@ -194,7 +203,8 @@ class Loader:
         """
         info = self.cached_info(ds, path) or self.manifest_info(ds, path)
         if info is not None and (version is None or info.version == version):
-            self._meta.setdefault((ds.name, path), (info, self.clock()))
+            if (ds.name, path) not in self._meta:
+                self._remember(ds, path, info)
             return info, None
         held = self.store.versions(ds.name, path)
         if version is not None and version in held:
@@ -292,6 +302,8 @@ class Loader:
             if loc is None or not fits(loc, info.size, ps, i):
                 return None
             pieces.append(loc)
+        if self.prefetch.jobs and (ds.name, path) in self.prefetch.jobs:
+            self.prefetch.on_read(ds, info, rng, False)  # keep a sequential reader's window full
         return Pages(info, rng.start, pieces)
 
     def located(
@@ -319,13 +331,14 @@ class Loader:
             if pieces[0] is None:
                 pieces[0] = page0  # the store would not keep it; serve it anyway
         missing = [i for i, p in zip(rng, pieces, strict=True) if p is None]
+        if rng and not is_small(info.size, ps):
+            # before this read's own fetches: what comes next is in flight alongside
+            self.prefetch.on_read(ds, info, rng, bool(missing) or page0 is not None)
         if missing:
             got = await asyncio.gather(*(self._page(ds, info, i) for i in missing))
             for i, piece in zip(missing, got, strict=True):
                 pieces[i - rng.start] = piece
                 ufs_bytes += page_len(info.size, ps, i)
-        if not is_small(info.size, ps) and rng:
-            self._maybe_readahead(ds, info, rng)
         return Pages(info, rng.start, [p for p in pieces if p is not None], ufs_bytes)
 
     async def _page(self, ds: Dataset, info: FileInfo, index: int) -> Piece:
@@ -358,6 +371,13 @@ class Loader:
         # one fetch per page *of a layout*: a fetch begun under the old page size must
         # not answer a reader of the new one
         return await self._pages.do((key, ds.policy.page_size), fetch)
+
+    def _known(self, ds: Dataset, info: FileInfo, index: int) -> bool:
+        """Whether page ``index`` is cached or being fetched (no background fetch then)."""
+        key = FileKey(ds.name, info.path, info.version).page(index)
+        if (key, ds.policy.page_size) in self._pages:
+            return True
+        return self.located(ds, info, index, peek=True) is not None
 
     def _version_gone(self, ds: Dataset, info: FileInfo) -> None:
         """That version is gone from under storage: it can never be completed, so forget
@@ -426,32 +446,8 @@ class Loader:
         parent = path.rpartition("/")[0]
         self._lists.pop((dataset, parent), None)
 
-    def _maybe_readahead(self, ds: Dataset, info: FileInfo, rng: range) -> None:
-        k = (ds.name, info.path)
-        ahead = readahead_window(self._last_read.get(k), rng, ds.policy.readahead)
-        self._last_read[k] = (rng.stop, ahead)
-        if ahead <= 0:
-            return
-        total = page_count(info.size, ds.policy.page_size)
-        fk = FileKey(ds.name, info.path, info.version)
-        for i in range(rng.stop, min(total, rng.stop + ahead)):
-            inflight = (fk.page(i), ds.policy.page_size) in self._pages
-            if inflight or self.located(ds, info, i, peek=True) is not None:
-                continue
-            task = asyncio.get_running_loop().create_task(self._prefetch(ds, info, i))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _prefetch(self, ds: Dataset, info: FileInfo, index: int) -> None:
-        try:
-            await self._page(ds, info, index)
-        except Exception as exc:  # readahead is advisory; the reader will retry and see it
-            log.debug("readahead of %s page %d failed: %s", info.path, index, exc)
-
     async def close(self) -> None:
-        for t in list(self._background):
-            t.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.prefetch.close()
 
 
 def _rebase(info: FileInfo, path: str) -> FileInfo:
