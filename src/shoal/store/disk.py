@@ -421,7 +421,9 @@ class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
         )
 
     def flush(self) -> None:
-        self._index.flush()
+        """Commit buffered index changes now; access statistics only when due (they
+        are written on close, and a lost one costs an eviction's precision, no data)."""
+        self._index.flush(touches=self._index.touches_due())
 
     def close(self) -> None:
         if self._closed:

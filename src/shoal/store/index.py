@@ -222,7 +222,13 @@ class TierIndex:
         if self.pending >= self.flush_rows or (
             self.pending and now - self._last_flush >= self.flush_interval
         ):
-            self.flush(touches=now - self._last_touch_flush >= self.touch_interval)
+            self.flush(touches=self.touches_due())
+
+    def touches_due(self) -> bool:
+        """Whether access statistics are due to be written (every ``touch_interval``:
+        a warm epoch touches every page it reads, and writing each of those rows five
+        times a second was most of a worker's CPU under short-circuit reads)."""
+        return self._clock() - self._last_touch_flush >= self.touch_interval
 
     def flush(self, *, touches: bool = True) -> bool:
         """Commit every buffered change (and access statistics); False if SQLite failed."""
