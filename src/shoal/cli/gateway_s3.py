@@ -64,7 +64,8 @@ def cmd_gateway_s3(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"invalid --upload-max-age {args.upload_max_age}: must be > 0")
     credentials = load_credentials(args, "s3")
     tls_context(args.tls_cert, args.tls_key)  # a bad certificate fails before binding
-    settings = ClientSettings(master=master_url(args))
+    # a gateway has many requests in flight: connections per worker to match them
+    settings = ClientSettings(master=master_url(args), pool_size=32)
     setup_server_logging(args.log_level)
 
     async def main() -> None:

@@ -86,7 +86,8 @@ def cmd_gateway_webhdfs(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"invalid --port {args.port}")
     credentials = load_credentials(args, "webhdfs")
     tls_context(args.tls_cert, args.tls_key)  # a bad certificate fails before binding
-    settings = ClientSettings(master=master_url(args))
+    # a gateway has many requests in flight: connections per worker to match them
+    settings = ClientSettings(master=master_url(args), pool_size=32)
     block_size = parse_size(args.block_size)
     setup_server_logging(args.log_level)
     access = Access(

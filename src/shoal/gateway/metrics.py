@@ -51,12 +51,25 @@ class GatewayMetrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._bytes_of: dict[str, Counter] = {}
 
     def observe(self, op: str, status: int, nbytes: int, seconds: float) -> None:
-        self._requests.labels(self.gateway, op, str(status)).inc()
+        # the labelled children, kept: ``labels()`` takes a lock and builds a key on
+        # every call, a cost per request that a warm GET notices (op and status are few)
+        kids = self._children.get((op, status))
+        if kids is None:
+            kids = self._children[(op, status)] = (
+                self._requests.labels(self.gateway, op, str(status)),
+                self._seconds.labels(self.gateway, op),
+            )
+        kids[0].inc()
         if nbytes:
-            self._bytes.labels(self.gateway, op).inc(nbytes)
-        self._seconds.labels(self.gateway, op).observe(seconds)
+            out = self._bytes_of.get(op)
+            if out is None:  # made on the first bytes: no zero series for HEADs
+                out = self._bytes_of[op] = self._bytes.labels(self.gateway, op)
+            out.inc(nbytes)
+        kids[1].observe(seconds)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

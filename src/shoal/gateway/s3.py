@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ log = logging.getLogger("shoal.gateway.s3")
 MAX_KEY_BYTES = 1024
 #: requests whose headers together pass this are refused (aiohttp also caps each line)
 MAX_HEADER_BYTES = 64 << 10
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 @dataclass
@@ -297,7 +299,7 @@ def check_key(key: str) -> None:
     segments, empty segments inside the key (they would alias another key)."""
     if len(key.encode()) > MAX_KEY_BYTES:
         raise S3Error("KeyTooLongError", "Your key is too long", 400)
-    if any(ord(c) < 0x20 or c == "\x7f" for c in key):
+    if _CONTROL.search(key):
         raise S3Error("InvalidArgument", "keys may not contain control characters", 400)
     segments = key.split("/")
     inner = segments[:-1] if segments[-1] == "" else segments

@@ -11,6 +11,7 @@ failure (it may name internals); every body carries Code, Message, Resource, Req
 from __future__ import annotations
 
 import email.utils
+import functools
 import hashlib
 import re
 import time
@@ -110,6 +111,7 @@ def els(pairs: Iterable[tuple[str, object]]) -> str:
 _S3_ETAG = re.compile(r"^[0-9a-f]{32}(-[0-9]{1,5})?$")
 
 
+@functools.lru_cache(maxsize=8192)
 def etag_of(version: str) -> str:
     """The quoted ETag of a file version: the version itself when under storage gave an
     S3 ETag, else a stable digest of it with a '-1' suffix, so that no client takes it
@@ -120,7 +122,9 @@ def etag_of(version: str) -> str:
     return f'"{digest}-1"'
 
 
+@functools.lru_cache(maxsize=8192)
 def http_date(mtime: float) -> str:
+    """The HTTP date of ``mtime`` (kept: every GET of a file asks for the same one)."""
     return email.utils.formatdate(mtime if mtime > 0 else 0, usegmt=True)
 
 

@@ -310,7 +310,7 @@ class _Check:
         creq_hash = hashlib.sha256(creq.encode("utf-8", "surrogateescape")).hexdigest()
         sts = "\n".join((_ALGORITHM, amz_date, scope, creq_hash))
         key = signing_key(secret, date, region, svc)
-        expected = hmac.new(key, sts.encode(), hashlib.sha256).hexdigest()
+        expected = hmac.digest(key, sts.encode(), "sha256").hex()  # one-shot, in C
         if not hmac.compare_digest(expected, signature):
             raise AuthError("SignatureDoesNotMatch", _MISMATCH)
         return Verified(access_key, payload, scheme, signature, key, amz_date, scope)
@@ -464,7 +464,10 @@ class _Headers:
         return ",".join(" ".join(v.split()) for v in self._by_name[name])
 
 
+@lru_cache(maxsize=256)
 def _parse_amz_date(value: str, err: str) -> float:
+    """Seconds since the epoch of an ISO 8601 basic date (kept: requests in flight
+    together mostly share their second)."""
     if not _AMZ_DATE.fullmatch(value):
         raise AuthError(err, "the date must be in the form YYYYMMDDTHHMMSSZ", 400)
     try:
@@ -489,4 +492,4 @@ def _parse_http_date(value: str) -> float:
 
 
 def _hmac(key: bytes, msg: str) -> bytes:
-    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+    return hmac.digest(key, msg.encode(), "sha256")
