@@ -36,6 +36,7 @@ from shoal.master import validate
 from shoal.master.adminroutes import add_admin_routes
 from shoal.master.auth import Gate, claims_of, visible
 from shoal.master.jobroutes import add_job_routes
+from shoal.master.loopclock import LoopClock
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService
 from shoal.master.state import MasterState
@@ -225,12 +226,11 @@ class MasterServer:
         log.info("master listening on %s (state %s)", self.url, self.service.state.path)
 
     async def _tick_loop(self) -> None:
-        # half the shorter period, so an expiry is noticed within half a period of it
-        s = self.settings
-        interval = min(s.heartbeat_interval, s.worker_expiry) / 2
+        interval = tick_interval(self.settings)
         while True:
             await asyncio.sleep(interval)
             try:
+                self.service.loop_alive()
                 self.service.tick()
             except Exception:
                 log.exception("membership tick failed; retrying in %.3gs", interval)
@@ -247,11 +247,20 @@ class MasterServer:
         log.info("master stopped")
 
 
+def tick_interval(settings: MasterSettings) -> float:
+    """Seconds between membership ticks: half the shorter period, so an expiry is
+    noticed within half a period of it."""
+    return min(settings.heartbeat_interval, settings.worker_expiry) / 2
+
+
 async def start_master(settings: MasterSettings) -> MasterServer:
     """Open the state in ``settings.state_dir``, bind and start serving."""
     state = MasterState(settings.state_dir)
+    # expiry counts only the time this loop could have read a heartbeat: a tick is
+    # due every interval, so two of them missed mean the loop itself stalled
+    clock = LoopClock(2 * tick_interval(settings))
     try:
-        server = MasterServer(settings, MasterService(settings, state))
+        server = MasterServer(settings, MasterService(settings, state, clock))
     except BaseException:
         state.close()
         raise

@@ -35,6 +35,7 @@ from shoal.errors import InvalidArgument, NotFound, PermissionDenied
 from shoal.master import validate
 from shoal.master.jobs import JobManager
 from shoal.master.jobstate import JobState
+from shoal.master.loopclock import LoopClock
 from shoal.master.metrics import Snapshot
 from shoal.master.report import build_report
 from shoal.master.ringhistory import RingHistory
@@ -216,6 +217,21 @@ class MasterService:
         if t.ring_changed:
             log.info("draining worker %s: out of the ring at epoch %d", worker_id, t.epoch)
         return {"id": worker_id, "state": DRAINING, "epoch": self.membership.epoch}
+
+    def loop_alive(self) -> None:
+        """The master's loop runs (the periodic tick): with a :class:`LoopClock`, a
+        stall just past is left out of every worker's silence (logged when it was)."""
+        if isinstance(self._clock, LoopClock):
+            gap = self._clock.alive()
+            span = gap + self._clock.grace
+            # a short one is the noise of a loaded host: logged only when it would have
+            # cost a worker half its expiry
+            if gap > 0 and span >= self.membership.expiry / 2:
+                log.warning(
+                    "master loop stalled (no tick for %.3gs): not counted against the "
+                    "workers' heartbeats",
+                    span,
+                )
 
     def tick(self) -> None:
         """Expire silent workers and write batched heartbeats; called periodically."""

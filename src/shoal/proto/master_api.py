@@ -18,6 +18,7 @@ its import (about 0.2 s) before its first read.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections.abc import Callable, Mapping
@@ -36,6 +37,10 @@ from shoal.proto.lighthttp import BadResponse, ConnectError, LightHTTP
 
 if TYPE_CHECKING:
     import aiohttp
+
+#: manifests of at least this many bytes are decoded in a thread (smaller ones inline:
+#: a thread hop costs more than their decode)
+MANIFEST_INLINE_MAX = 1 << 20
 
 #: returns the aiohttp session to send on (created, or re-created, by the caller)
 SessionFactory = Callable[[], "aiohttp.ClientSession"]
@@ -272,7 +277,13 @@ class MasterAPI:
             a = await self.send("GET", api.manifest_path(name))
         except NotFound:  # DatasetNotFound is a UserError: a dataset gone still raises
             return None
-        return a.headers.get(api.MANIFEST_HEADER, ""), Manifest.from_bytes(a.raw)
+        mid = a.headers.get(api.MANIFEST_HEADER, "")
+        if len(a.raw) < MANIFEST_INLINE_MAX:
+            return mid, Manifest.from_bytes(a.raw)
+        # a large one off the loop: decoding 150k files held a worker's loop (its reads
+        # and its heartbeats) for a third of a second; in a thread the loop keeps
+        # answering between the GIL's switches
+        return mid, await asyncio.to_thread(Manifest.from_bytes, a.raw)
 
     # -- workers and the ring ---------------------------------------------------------
 
