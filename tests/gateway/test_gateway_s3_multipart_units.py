@@ -30,7 +30,7 @@ def test_idle_uploads_expire(tmp_path: Path) -> None:
     u = _uploads(tmp_path)
     now = time.time()
     idle, busy = u.create("b", "k1", "w"), u.create("b", "k2", "w")
-    assert b"<Key>k1</Key>" in u.list_doc("b", "") and b"<Key>k2</Key>" in u.list_doc("b", "")
+    assert b"<Key>k1</Key>" in u.list_doc("b", {}) and b"<Key>k2</Key>" in u.list_doc("b", {})
     assert u.sweep(now + 50) == []
     # busy was initiated long ago but got a part a moment ago: its activity counts
     meta = json.loads((busy.dir / "upload.json").read_text())
@@ -40,7 +40,7 @@ def test_idle_uploads_expire(tmp_path: Path) -> None:
     assert u.sweep(now + 150) == [idle.id]
     assert u.load(idle.id) is None and not idle.dir.exists()
     assert u.load(busy.id) is not None
-    doc = u.list_doc("b", "")
+    doc = u.list_doc("b", {})
     assert b"<Key>k1</Key>" not in doc and b"<Key>k2</Key>" in doc
     assert u.sweep(now + 500) == [busy.id]
     assert os.listdir(u.root / ".trash") == []
@@ -90,8 +90,8 @@ def test_ids_and_metadata(tmp_path: Path) -> None:
     for bad in ("", "..", "../up/" + up.id, up.id + "x", ".trash"):
         assert u.load(bad) is None
     assert oct((u.root / up.id).stat().st_mode & 0o777) == "0o700"
-    assert b"<Uploads>" not in u.list_doc("other", "")
-    assert up.id.encode() not in u.list_doc("b", "elsewhere/")
+    assert b"<Uploads>" not in u.list_doc("other", {})
+    assert up.id.encode() not in u.list_doc("b", {"prefix": "elsewhere/"})
 
 
 def test_copy_range() -> None:

@@ -148,7 +148,7 @@ def test_fuse_replies_with_the_tables_errno(cls: type[e.ShoalError]) -> None:
 
     r, w = os.pipe()
     try:
-        fs: Any = SimpleNamespace(handlers=dict)
+        fs: Any = SimpleNamespace(handlers=dict, kernel_open=False)
         d = Daemon(w, fs, passthrough=False)
         d._fail(77, p.Op.READ, cls("x"))
         length, error, unique = p.OUT_HEADER.unpack(os.read(r, 4096))
