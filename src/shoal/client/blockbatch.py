@@ -57,14 +57,10 @@ def cat_many(b: BlockingReads, paths: list[str]) -> tuple[Out, Rest] | None:
         if not np.rel:
             out[p] = IsADirectory(str(np))
             continue
-        try:
-            ds.mount(np.mount)
-        except ShoalError:
+        placed = b.placed(ds, np, now)
+        if placed is None:
             return None
-        key = np.key_path
-        w = b.owner(ds, key, now)
-        if w is None:
-            return None
+        key, w = placed
         g = groups.get((ds.name, w.id))
         if g is None:
             g = groups[(ds.name, w.id)] = (ds, w, [])

@@ -39,7 +39,7 @@ from shoal.client.ahead import AHEAD
 from shoal.client.cache import WorkerAddr
 from shoal.client.conn import _REUSE_FOR, Pool
 from shoal.client.routing import EXTRA_OWNERS, SUSPECT_FOR
-from shoal.core.types import Dataset, FileInfo, split_path
+from shoal.core.types import Dataset, FileInfo, NsPath, split_path
 from shoal.errors import (
     CorruptData,
     ProtocolError,
@@ -161,14 +161,10 @@ class BlockingReads:
         ds = self.dataset(np.dataset, now)
         if ds is None or not np.rel:
             return None
-        try:
-            ds.mount(np.mount)
-        except ShoalError:
+        placed = self.placed(ds, np, now)
+        if placed is None:
             return None
-        key = np.key_path
-        w = self.owner(ds, key, now)
-        if w is None:
-            return None
+        key, w = placed
         ahead = self.aio._ahead
         ask = length
         if ahead.wanted(ds, key, offset, length):
@@ -193,6 +189,16 @@ class BlockingReads:
         if hit is None or c.ring is None or now - c.checked_at > fresh or now - c.ring_at > fresh:
             return None
         return hit[0]
+
+    def placed(self, ds: Dataset, np: NsPath, now: float) -> tuple[str, WorkerAddr] | None:
+        """(key in its mount, the remote worker to ask) of a file path, or None."""
+        try:
+            ds.mount(np.mount)
+        except ShoalError:
+            return None
+        key = np.key_path
+        w = self.owner(ds, key, now)
+        return None if w is None else (key, w)
 
     def owner(self, ds: Dataset, key: str, now: float) -> WorkerAddr | None:
         """The worker the async path would ask first, when it is remote and healthy

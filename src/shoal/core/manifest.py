@@ -97,14 +97,7 @@ class Manifest:
         return man
 
     def _entry(self, i: int) -> Entry:
-        return Entry(
-            self._paths[i],
-            self._sizes[i],
-            self._versions[i],
-            self._mtimes[i],
-            self._ns[i],
-            self._links.get(i, ""),
-        )
+        return Entry(*self._row(i))
 
     def _row(self, i: int) -> Row:
         return (

@@ -236,37 +236,16 @@ class JobState:
         """Write a task back but for its items (read with ``with_items=False``): a progress
         report decoded and re-encoded the task's whole file list each half second."""
         self._x(
-            "UPDATE tasks SET worker=?, state=?, progress=?, lease=?, attempt=?, seq=?, run=?"
-            " WHERE id=?",
-            (
-                t.worker,
-                t.state,
-                json.dumps(t.progress.to_dict()),
-                t.lease,
-                t.attempt,
-                t.seq,
-                json.dumps(t.run.to_dict()),
-                t.id,
-            ),
+            f"UPDATE tasks SET {_TASK_SET} WHERE id=?",
+            (*_task_values(t), t.id),
         )
 
     def put_task(self, t: Task) -> None:
         if t.items is NO_ITEMS:
             raise ValueError(f"task {t.id} was read without its items: it cannot be written")
         self._x(
-            "UPDATE tasks SET worker=?, items=?, state=?, progress=?, lease=?, attempt=?, seq=?,"
-            " run=? WHERE id=?",
-            (
-                t.worker,
-                json.dumps(t.items),
-                t.state,
-                json.dumps(t.progress.to_dict()),
-                t.lease,
-                t.attempt,
-                t.seq,
-                json.dumps(t.run.to_dict()),
-                t.id,
-            ),
+            f"UPDATE tasks SET items=?, {_TASK_SET} WHERE id=?",
+            (json.dumps(t.items), *_task_values(t), t.id),
         )
 
     def counts(self, job: str) -> dict[str, int]:
@@ -333,3 +312,20 @@ class JobState:
             os.unlink(self.manifest_path(dataset))
         except FileNotFoundError:
             pass
+
+
+#: the columns of a task row besides its id and its (large) file list
+_TASK_SET = "worker=?, state=?, progress=?, lease=?, attempt=?, seq=?, run=?"
+
+
+def _task_values(t: Task) -> tuple[object, ...]:
+    """The values of :data:`_TASK_SET`, in its order."""
+    return (
+        t.worker,
+        t.state,
+        json.dumps(t.progress.to_dict()),
+        t.lease,
+        t.attempt,
+        t.seq,
+        json.dumps(t.run.to_dict()),
+    )
