@@ -90,7 +90,9 @@ def _span(
             # fstat after the pread: any write before the pread has moved the ctime
             if len(data) == end - start and os.fstat(fd).st_ctime_ns == stamp:
                 return data
-            del verified[key]  # the file changed since the check: check the page again
+            # the file changed since the check: check the page again (pop: another
+            # thread, or the trust expiry, may have dropped the stamp meanwhile)
+            verified.pop(key, None)
         ctime = os.fstat(fd).st_ctime_ns
         # a check stands for this ctime only if a later write cannot share it: the
         # kernel's clock (that writes are stamped from) must have moved past it
