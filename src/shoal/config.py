@@ -144,6 +144,9 @@ class MasterSettings:
     #: serve the API over https with this certificate and key (PEM files)
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: another master serves state_dir: wait and take over when it stops, instead of
+    #: refusing to start (see shoal.master.lease)
+    standby: bool = False
 
     def __post_init__(self) -> None:
         _port("master", self.port)

@@ -123,6 +123,12 @@ def register(sub: Any) -> None:
         "--tls-cert", default=None, metavar="FILE", help="serve https: certificate (PEM)"
     )
     p.add_argument("--tls-key", default=None, metavar="FILE", help="its private key (PEM)")
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="if another master serves --state-dir (shared storage), wait and take over "
+        "when it stops (default: refuse to start)",
+    )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(handler=cmd_master)
     master_admin.register(p)
@@ -276,6 +282,7 @@ def cmd_master(args: argparse.Namespace) -> int:
             secret_file=args.secret_file,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            standby=args.standby,
         )
     )
     return 0

@@ -44,6 +44,7 @@ from typing import Any
 
 import shoal
 from shoal.errors import InvalidArgument
+from shoal.master.lease import LOCK_NAME, in_use
 
 FORMAT = 1
 INDEX = "backup.json"
@@ -283,6 +284,12 @@ def _holds_state(state_dir: Path) -> bool:
     return any((state_dir / n).exists() for n in (*DATABASES, MANIFESTS))
 
 
+def _others(state_dir: Path) -> bool:
+    """Whether ``state_dir`` holds anything but a master's lock file (a standby that
+    waited there, or a master that stopped, leaves one)."""
+    return any(p.name != LOCK_NAME for p in state_dir.iterdir())
+
+
 def restore(archive: str, state_dir: str, force: bool = False) -> dict[str, Any]:
     """Check ``archive`` and install it as the master state in ``state_dir``.
 
@@ -293,12 +300,15 @@ def restore(archive: str, state_dir: str, force: bool = False) -> dict[str, Any]
     target = Path(state_dir)
     if target.exists() and not target.is_dir():
         raise InvalidArgument(f"{state_dir} is not a directory")
+    serving = in_use(state_dir) if target.is_dir() else None
+    if serving is not None:
+        raise InvalidArgument(f"{state_dir} is served by a running master ({serving}): stop it")
     if target.is_dir() and _holds_state(target) and not force:
         raise InvalidArgument(
             f"{state_dir} already holds master state; stop its master and pass --force "
             "to move it aside"
         )
-    if target.is_dir() and not _holds_state(target) and any(target.iterdir()):
+    if target.is_dir() and not _holds_state(target) and _others(target):
         raise InvalidArgument(f"{state_dir} is not empty and holds no master state: pick another")
     parent = target.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -308,8 +318,10 @@ def restore(archive: str, state_dir: str, force: bool = False) -> dict[str, Any]
         if target.exists():
             if _holds_state(target):
                 os.rename(target, f"{target}.before-restore-{int(time.time())}")
-            else:
-                target.rmdir()  # empty, checked above
+            else:  # empty but for an unheld lock file, checked above
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(target / LOCK_NAME)
+                target.rmdir()
         os.rename(work, target)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

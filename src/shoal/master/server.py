@@ -9,7 +9,8 @@ answered with a generic 500.
 - :func:`start_master` binds (port 0 picks a free port) and returns a running
   :class:`MasterServer`; ``await server.stop()`` shuts it down.
 - :func:`run_master` runs one master on uvloop until SIGTERM or SIGINT, publishing its
-  URL in ``settings.url_file`` once it listens.
+  URL in ``settings.url_file`` once it listens; with ``settings.standby`` it first
+  waits for the master serving the same state directory to stop (shoal.master.lease).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import os
 import signal
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,11 +33,12 @@ import shoal
 from shoal.config import MasterSettings, cluster_secret
 from shoal.core.tls import server_context
 from shoal.core.tokens import ADMIN
-from shoal.errors import InvalidArgument, NotFound, ShoalError
+from shoal.errors import InvalidArgument, NotFound, ShoalError, Unavailable
 from shoal.master import validate
 from shoal.master.adminroutes import add_admin_routes
 from shoal.master.auth import Gate, claims_of, visible
 from shoal.master.jobroutes import add_job_routes
+from shoal.master.lease import StateLock, describe, holder
 from shoal.master.loopclock import LoopClock
 from shoal.master.metrics import make_registry, render
 from shoal.master.service import MasterService
@@ -187,9 +190,15 @@ def make_app(service: MasterService, gate: Gate | None = None) -> web.Applicatio
 class MasterServer:
     """A running master: HTTP site plus the periodic expiry/flush task."""
 
-    def __init__(self, settings: MasterSettings, service: MasterService) -> None:
+    def __init__(
+        self, settings: MasterSettings, service: MasterService, lock: StateLock | None = None
+    ) -> None:
         self.settings = settings
         self.service = service
+        #: the state directory's lock (released by stop())
+        self.lock = lock
+        #: set when another master took the state directory over (see master.lease)
+        self.deposed = asyncio.Event()
         secret = cluster_secret(settings.secret_file)
         if secret is None:
             log.warning(
@@ -223,12 +232,22 @@ class MasterServer:
         await site.start()
         self._port = int(self._runner.addresses[0][1])
         self._ticker = asyncio.create_task(self._tick_loop(), name="shoal-master-tick")
+        if self.lock is not None:
+            self.lock.publish(self.url)
         log.info("master listening on %s (state %s)", self.url, self.service.state.path)
 
     async def _tick_loop(self) -> None:
         interval = tick_interval(self.settings)
         while True:
             await asyncio.sleep(interval)
+            if self.lock is not None and not self.lock.still_ours():
+                log.error(
+                    "another master took over %s (%s): this one stops serving",
+                    self.settings.state_dir,
+                    describe(holder(self.lock.path)),
+                )
+                self.deposed.set()
+                return
             try:
                 self.service.loop_alive()
                 self.service.tick()
@@ -236,14 +255,19 @@ class MasterServer:
                 log.exception("membership tick failed; retrying in %.3gs", interval)
 
     async def stop(self) -> None:
-        """Stop serving, write pending heartbeats and close the state file."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
-            self._ticker = None
-        await self._runner.cleanup()
-        self.service.close()
+        """Stop serving, write pending heartbeats, close the state file and let the
+        state directory go (a standby may take it from here)."""
+        try:
+            if self._ticker is not None:
+                self._ticker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._ticker
+                self._ticker = None
+            await self._runner.cleanup()
+            self.service.close()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
         log.info("master stopped")
 
 
@@ -253,16 +277,26 @@ def tick_interval(settings: MasterSettings) -> float:
     return min(settings.heartbeat_interval, settings.worker_expiry) / 2
 
 
-async def start_master(settings: MasterSettings) -> MasterServer:
-    """Open the state in ``settings.state_dir``, bind and start serving."""
-    state = MasterState(settings.state_dir)
+async def start_master(settings: MasterSettings, lock: StateLock | None = None) -> MasterServer:
+    """Take ``settings.state_dir``'s lock (unless ``lock``, already held, is given;
+    InvalidArgument when another master holds it), open the state there, bind and
+    start serving."""
+    if lock is None:
+        lock = StateLock(settings.state_dir)
+        lock.acquire()
+    try:
+        state = MasterState(settings.state_dir)
+    except BaseException:
+        lock.release()
+        raise
     # expiry counts only the time this loop could have read a heartbeat: a tick is
     # due every interval, so two of them missed mean the loop itself stalled
     clock = LoopClock(2 * tick_interval(settings))
     try:
-        server = MasterServer(settings, MasterService(settings, state, clock))
+        server = MasterServer(settings, MasterService(settings, state, clock), lock)
     except BaseException:
         state.close()
+        lock.release()
         raise
     try:
         await server._start()
@@ -287,16 +321,56 @@ def write_url_file(path: str, url: str) -> None:
         raise
 
 
-async def _serve(settings: MasterSettings) -> None:
-    server = await start_master(settings)
-    stop = asyncio.Event()
+async def _standby(settings: MasterSettings, stop: threading.Event) -> StateLock | None:
+    """The state directory's lock, once the active master lets it go; None when a
+    signal came first."""
+    lock = StateLock(settings.state_dir)
+    try:
+        lock.acquire()
+        return lock
+    except InvalidArgument:
+        pass
+    log.info(
+        "standby: %s is served by another master (%s); taking over when it stops",
+        settings.state_dir,
+        describe(holder(lock.path)),
+    )
     loop = asyncio.get_running_loop()
+    if not await loop.run_in_executor(None, lock.wait, stop):
+        return None
+    log.info("standby: the active master is gone; taking over %s", settings.state_dir)
+    return lock
+
+
+async def _serve(settings: MasterSettings) -> None:
+    stop = asyncio.Event()
+    stopped = threading.Event()  # the same, for the standby's waiting thread
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        stop.set()
+        stopped.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
+    lock = None
+    if settings.standby:
+        lock = await _standby(settings, stopped)
+        if lock is None:
+            log.info("signal received while standing by")
+            return
+    server = await start_master(settings, lock)
     try:
         if settings.url_file:
             write_url_file(settings.url_file, server.url)
-        await stop.wait()
+        done = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.deposed.wait())}
+        _, pending = await asyncio.wait(done, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if server.deposed.is_set():
+            raise Unavailable(
+                f"another master took over {settings.state_dir}: this one stopped serving"
+            )
         log.info("signal received; shutting down")
     finally:
         await server.stop()
