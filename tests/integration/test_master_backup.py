@@ -20,7 +20,7 @@ from shoal.cli.local import _wait_file
 from shoal.client import Client
 from shoal.config import ClientSettings
 from shoal.testing.cli import assert_one_line_error, cli_env, run_cli
-from shoal.testing.cluster import S3_ENV, TestCluster, sample_files
+from shoal.testing.cluster import S3_ENV, TestCluster, sample_files, with_spare_master_address
 from shoal.testing.s3 import CountingProxy, MotoServer, free_port, make_bucket
 
 pytestmark = pytest.mark.integration
@@ -30,19 +30,8 @@ pytestmark = pytest.mark.integration
 def two_addresses(tmp_path: Path) -> Iterator[tuple[TestCluster, str]]:
     """A cluster whose workers know two master addresses: the running master's and a
     free port where a restored master will come up."""
-    c = TestCluster(tmp_path / "c", workers=2, env=dict(S3_ENV))
-    c.dir.mkdir(parents=True)
-    first = c.start_master()
-    spare = f"http://127.0.0.1:{free_port()}"
-    c.master_url = f"{first},{spare}"
-    try:
-        for i in range(c.workers):
-            c.start_worker(i)
-        c.save()
-        c.wait_ring(c.workers)
-        yield c, spare
-    finally:
-        c.stop()
+    with with_spare_master_address(tmp_path / "c") as pair:
+        yield pair
 
 
 def _cli(master: str, *args: str, ok: bool = True) -> Any:
@@ -54,25 +43,8 @@ def _cli(master: str, *args: str, ok: bool = True) -> Any:
 
 def _start_master(c: TestCluster, url: str, state_dir: Path) -> Any:
     url_file = c.dir / "restored.url"
-    proc, log = c._spawn(
-        "master",
-        [
-            "master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            url.rsplit(":", 1)[1],
-            "--state-dir",
-            str(state_dir),
-            "--url-file",
-            str(url_file),
-            "--heartbeat-interval",
-            str(c.heartbeat),
-            "--worker-expiry",
-            str(c.expiry),
-            *(arg for root in c.file_roots for arg in ("--file-root", root)),
-        ],
-    )
+    port = int(url.rsplit(":", 1)[1])
+    proc, log = c._spawn("master", c.master_args(port, url_file, state_dir))
     assert _wait_file(url_file, proc, 20, log).strip() == url
     return proc
 

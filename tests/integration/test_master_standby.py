@@ -21,8 +21,8 @@ from shoal.cli.local import _wait_file
 from shoal.client import Client
 from shoal.config import ClientSettings
 from shoal.testing.cli import assert_one_line_error, cli_env, run_cli
-from shoal.testing.cluster import S3_ENV, TestCluster, sample_files
-from shoal.testing.s3 import CountingProxy, MotoServer, free_port, make_bucket
+from shoal.testing.cluster import S3_ENV, TestCluster, sample_files, with_spare_master_address
+from shoal.testing.s3 import CountingProxy, MotoServer, make_bucket
 
 pytestmark = pytest.mark.integration
 
@@ -31,19 +31,8 @@ pytestmark = pytest.mark.integration
 def pair(tmp_path: Path) -> Iterator[tuple[TestCluster, str]]:
     """A cluster whose workers and clients know two master addresses: the active
     master's and the port a standby on the same state directory will serve."""
-    c = TestCluster(tmp_path / "c", workers=2, env=dict(S3_ENV))
-    c.dir.mkdir(parents=True)
-    first = c.start_master()
-    spare = f"http://127.0.0.1:{free_port()}"
-    c.master_url = f"{first},{spare}"
-    try:
-        for i in range(c.workers):
-            c.start_worker(i)
-        c.save()
-        c.wait_ring(c.workers)
-        yield c, spare
-    finally:
-        c.stop()
+    with with_spare_master_address(tmp_path / "c") as two:
+        yield two
 
 
 def _cli(master: str, *args: str, ok: bool = True) -> Any:
@@ -54,23 +43,7 @@ def _cli(master: str, *args: str, ok: bool = True) -> Any:
 
 
 def _master_args(c: TestCluster, port: str, url_file: Path, *extra: str) -> list[str]:
-    return [
-        "master",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        port,
-        "--state-dir",
-        str(c.dir / "master"),
-        "--url-file",
-        str(url_file),
-        "--heartbeat-interval",
-        str(c.heartbeat),
-        "--worker-expiry",
-        str(c.expiry),
-        *(arg for root in c.file_roots for arg in ("--file-root", root)),
-        *extra,
-    ]
+    return c.master_args(int(port), url_file, None, *extra)
 
 
 def _wait_log(log: Path, proc: subprocess.Popen[bytes], text: str, timeout: float = 20) -> None:

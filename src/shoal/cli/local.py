@@ -183,28 +183,32 @@ class LocalCluster:
         self.pids[name] = proc.pid
         return proc, log
 
+    def master_args(
+        self, port: int, url_file: Path, state_dir: Path | None = None, *extra: str
+    ) -> list[str]:
+        """``shoal master`` arguments for this cluster's master (default state dir)."""
+        return [
+            "master",
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--state-dir",
+            str(state_dir or self.dir / "master"),
+            "--url-file",
+            str(url_file),
+            "--heartbeat-interval",
+            str(self.heartbeat),
+            "--worker-expiry",
+            str(self.expiry),
+            *(arg for root in self.file_roots for arg in ("--file-root", root)),
+            *extra,
+        ]
+
     def start_master(self, timeout: float = 20.0) -> str:
         url_file = self.dir / "master.url"
         url_file.unlink(missing_ok=True)
-        proc, log = self._spawn(
-            "master",
-            [
-                "master",
-                "--host",
-                self.host,
-                "--port",
-                str(self.master_port),
-                "--state-dir",
-                str(self.dir / "master"),
-                "--url-file",
-                str(url_file),
-                "--heartbeat-interval",
-                str(self.heartbeat),
-                "--worker-expiry",
-                str(self.expiry),
-                *(arg for root in self.file_roots for arg in ("--file-root", root)),
-            ],
-        )
+        proc, log = self._spawn("master", self.master_args(self.master_port, url_file))
         self.master_url = _wait_file(url_file, proc, timeout, log).strip()
         self.master_port = int(self.master_url.rsplit(":", 1)[1])
         return self.master_url

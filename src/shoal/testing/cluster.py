@@ -20,7 +20,7 @@ from shoal.config import ClientSettings
 from shoal.core.types import Mount
 from shoal.errors import Unavailable
 from shoal.proto.control import RING
-from shoal.testing.s3 import CREDENTIALS
+from shoal.testing.s3 import CREDENTIALS, free_port
 
 #: environment that lets shoal's processes talk to moto with its dummy credentials
 S3_ENV = {
@@ -116,3 +116,23 @@ def start_cluster(dir: Path, workers: int = 2, **kw: object) -> TestCluster:
     c = TestCluster(dir, workers=workers, env=dict(S3_ENV), **kw)  # type: ignore[arg-type]
     c.start()
     return c
+
+
+@contextmanager
+def with_spare_master_address(dir: Path, workers: int = 2) -> Iterator[tuple[TestCluster, str]]:
+    """A running cluster whose workers (and ``master_url``, for clients) know two
+    master addresses: the running master's, then a free port where a second master --
+    a restored one, a standby -- will come up. Yields (cluster, the spare URL)."""
+    c = TestCluster(dir, workers=workers, env=dict(S3_ENV))
+    c.dir.mkdir(parents=True)
+    first = c.start_master()
+    spare = f"http://127.0.0.1:{free_port()}"
+    c.master_url = f"{first},{spare}"
+    try:
+        for i in range(c.workers):
+            c.start_worker(i)
+        c.save()
+        c.wait_ring(c.workers)
+        yield c, spare
+    finally:
+        c.stop()
