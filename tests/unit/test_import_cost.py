@@ -2,7 +2,8 @@
 and CLI call is one. ``import shoal.client`` and ``Client(...)`` in an open cluster load
 no HTTP library, no JWT or crypto library and no server code, the client's record
 classes generate no code at import (shoal.core.records), and a fresh process's first
-read of a cached file keeps it that way."""
+read of a cached file keeps it that way -- and imports no asyncio (nor uvloop) and
+starts no event-loop thread either (shoal.client.direct), its hits still reported."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from shoal.core.records import record
 from shoal.core.types import Mount
 from shoal.testing.cluster import TestCluster, start_cluster
+from shoal.testing.reports import wait_dataset
 
 #: what a reader process never needs to import (tokens: only with a secret or token)
 HEAVY = [
@@ -50,9 +52,9 @@ print(json.dumps({{"heavy": heavy, "made": made}}))
 """
 
 
-def _probe(code: str, **env: str) -> dict[str, list[str]]:
+def _probe(code: str, heavy: list[str] = HEAVY, **env: str) -> dict[str, list[str]]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-    src = _PROBE.format(code=code, heavy=HEAVY)
+    src = _PROBE.format(code=code, heavy=heavy)
     out = subprocess.run(
         [sys.executable, "-c", src],
         env={**clean, **env},
@@ -184,3 +186,25 @@ def test_a_fresh_process_reads_a_cached_file_without_heavy_imports(
     )
     got = _probe(code, SHOAL_HOME=str(tmp_path))
     assert got["heavy"] == []
+
+
+@pytest.mark.integration
+def test_a_fresh_process_reads_a_cached_file_without_asyncio_or_a_loop_thread(
+    cached: tuple[TestCluster, bytes], tmp_path: Path
+) -> None:
+    c, data = cached
+    code = (
+        "import threading\n"
+        f"cl = Client({c.master_url!r}); d = cl.read('ds/m/f.bin')\n"
+        f"assert len(d) == {len(data)} and d == open({str(tmp_path / 'src' / 'f.bin')!r}, 'rb').read()\n"
+        "assert cl.read('ds/m/f.bin', 1000, 5000) == d[1000:6000]  # a warm pread\n"
+        "assert cl.counters()['short_circuit'] == 2, cl.counters()\n"
+        "assert 'shoal-client' not in [t.name for t in threading.enumerate()]\n"
+    )
+    got = _probe(
+        code, ["asyncio", "uvloop", "shoal.client.aio", "aiohttp"], SHOAL_HOME=str(tmp_path)
+    )
+    assert got["heavy"] == []
+    # both reads reach the report: the LOCATE counted by the worker, the pread by a TOUCH
+    d = wait_dataset(c, "ds", lambda d: d["hits"] >= 2, timeout=20)
+    assert (d["misses"], d["hits"]) == (1, 2), d

@@ -22,11 +22,27 @@ suspects, pools, failover; over the control plane), ``hits`` (HitBook: hit repor
 over the router), ``shortcircuit`` (ShortCircuit: LOCATE, LOCATE_DIR, ``read_fast``;
 over the router and hit book), ``meta`` (``stat``, ``ls``), ``local`` (the located
 reads themselves), ``batch`` (``cat_many``), ``conn`` (connections and pools),
-``cache`` (state that outlives a loop), ``sync``. Each part gets what it uses in its
+``cache`` (state that outlives a loop), ``sync``, ``direct`` (the sync client's
+reads of local pages before it has a loop) and ``handover`` (installing what local
+workers hand over, for both). Each part gets what it uses in its
 constructor; none fills in hooks of another.
 """
 
-from shoal.client.aio import AsyncClient
+from typing import TYPE_CHECKING, Any
+
 from shoal.client.sync import Client
 
+if TYPE_CHECKING:
+    from shoal.client.aio import AsyncClient
+
 __all__ = ["AsyncClient", "Client"]
+
+
+def __getattr__(name: str) -> Any:
+    """AsyncClient on first use: importing it imports asyncio and the async parts,
+    which a sync reader of locally cached files never needs (shoal.client.direct)."""
+    if name == "AsyncClient":
+        from shoal.client.aio import AsyncClient
+
+        return AsyncClient
+    raise AttributeError(f"module 'shoal.client' has no attribute {name!r}")

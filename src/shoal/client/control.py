@@ -13,14 +13,14 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from shoal.client.bootstrap import parse_ring
 from shoal.client.cache import ClientCache, WorkerAddr
 from shoal.config import ClientSettings, tls_ca_for
 from shoal.core.manifest import Manifest
 from shoal.core.ring import Ring
 from shoal.core.tls import client_context
 from shoal.core.types import NEVER, Dataset, Mount
-from shoal.errors import ProtocolError, ShoalError, Unavailable
-from shoal.proto import control as api
+from shoal.errors import ShoalError, Unavailable
 from shoal.proto.lighthttp import LightHTTP
 from shoal.proto.master_api import MasterAPI
 
@@ -64,24 +64,7 @@ class ControlPlane:
     async def fetch_ring(self) -> tuple[Ring, dict[str, WorkerAddr], int | None]:
         """The master's ring, its workers' addresses and the datasets generation it
         was answered at (None from a master that does not say)."""
-        body = await self.api.ring()
-        ring = api.ring_from_response(body)
-        try:
-            workers = {
-                w["id"]: WorkerAddr(
-                    w["id"],
-                    w["host"],
-                    int(w["port"]),
-                    w.get("uds") or "",
-                    w.get("node") or "",
-                    tls if isinstance(tls := w.get("tls"), bool) else None,
-                )
-                for w in body["workers"]
-            }
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed ring answer from the master: {exc!r}") from None
-        gen = body.get("datasets_generation")
-        return ring, workers, gen if isinstance(gen, int) else None
+        return parse_ring(await self.api.ring())
 
     async def create_dataset(
         self, name: str, mounts: list[Mount], options: dict[str, str] | None = None

@@ -13,12 +13,12 @@ import asyncio
 import logging
 import time
 
+from shoal.client.handover import touch_batches
 from shoal.client.local import touches_due
 from shoal.client.routing import EXTRA_OWNERS, Router
 from shoal.core.types import Dataset
 from shoal.errors import ShoalError
-from shoal.proto.messages import DropRequest, TouchItem, TouchRequest
-from shoal.proto.wire import MAX_TOUCH_ITEMS
+from shoal.proto.messages import DropRequest
 
 log = logging.getLogger("shoal.client")
 
@@ -98,22 +98,11 @@ class HitBook:
 
     async def flush_touches(self) -> None:
         """Tell workers about hits served from their descriptors (stats and recency)."""
-        self.cache.touched_at = time.monotonic()
-        log_, self.cache.touch_log = self.cache.touch_log, []
-        touches: dict[str, dict[str, list[TouchItem]]] = {}
-        for wid, dsname, path, version, npages, nbytes in log_:
-            touches.setdefault(wid, {}).setdefault(dsname, []).append(
-                (path, version, npages, nbytes)
-            )
-        for wid, by_ds in touches.items():
+        for wid, req in touch_batches(self.cache):
             w = self.cache.workers.get(wid)
             if w is None:
                 continue
-            for dsname, items in by_ds.items():
-                # a worker refuses a TOUCH of more than MAX_TOUCH_ITEMS items: send chunks
-                for i in range(0, len(items), MAX_TOUCH_ITEMS):
-                    try:
-                        chunk = tuple(items[i : i + MAX_TOUCH_ITEMS])
-                        await self.router.send(w, TouchRequest(dsname, chunk))
-                    except ShoalError as exc:
-                        log.debug("touch to %s failed: %s", wid, exc)
+            try:
+                await self.router.send(w, req)
+            except ShoalError as exc:
+                log.debug("touch to %s failed: %s", wid, exc)

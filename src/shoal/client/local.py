@@ -38,6 +38,9 @@ TOUCH_FLUSH = 4096
 #: seconds buffered hits may wait before a flush is due (the report stays current)
 TOUCH_EVERY = 1.0
 
+#: owners tried beyond the dataset's replicas before falling back to under storage
+EXTRA_OWNERS = 2
+
 #: seconds a page's check is trusted by a reader, at most (then checked whole again);
 #: the workers' own checks stand as long (shoal.worker.handover.VERIFY_EVERY)
 TRUST_FOR = 900.0

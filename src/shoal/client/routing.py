@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from shoal.client.cache import ClientCache, WorkerAddr
 from shoal.client.conn import Pool, R, Response, TimedOut
 from shoal.client.control import ControlPlane
-from shoal.client.local import TOUCH_EVERY
+from shoal.client.handover import layout_moved
+from shoal.client.local import EXTRA_OWNERS, TOUCH_EVERY
 from shoal.config import ClientSettings, tls_ca_for
 from shoal.core.ring import Ring
 from shoal.core.tls import client_context
@@ -37,8 +38,6 @@ RING_RECHECK_EVERY = 1.0
 #: seconds between log lines about one worker's failovers, or one dataset's fallbacks
 #: to under storage (the others are counted in the next line)
 FAILOVER_LOG_EVERY = 10.0
-#: owners tried beyond the dataset's replicas before falling back to under storage
-EXTRA_OWNERS = 2
 
 #: the background tasks of a parent's loop, inherited through fork: kept, never
 #: destroyed in the child ("Task was destroyed but it is pending" otherwise)
@@ -302,8 +301,7 @@ class Router:
     def layout_moved(self, ds: Dataset) -> bool:
         """Whether the dataset's page layout changed since ``ds`` was read (a reply in
         the old layout must not be installed next to the new one)."""
-        hit = self.cache.datasets.get(ds.name)
-        return hit is not None and hit[0].policy.page_size != ds.policy.page_size
+        return layout_moved(self.cache, ds)
 
     def close(self) -> None:
         """Close the connections and stop the background tasks."""

@@ -1,7 +1,10 @@
 """Client: the synchronous façade over AsyncClient.
 
 The event loop runs on a private daemon thread started on first use (never in
-``__init__``). Warm reads whose metadata and page locations are already known never
+``__init__``); until then, reads of files cached by a worker on this host go through
+:mod:`shoal.client.direct` on the caller's thread, so that a fresh process imports no
+asyncio and starts no thread for them (the async client itself is built on first
+use). Warm reads whose metadata and page locations are already known never
 touch that thread: they are a ``pread`` on the caller's thread; reads and ``cat_many``
 of workers on other hosts are a blocking request on the caller's own connection to the
 worker (shoal.client.blocking: no hop to the loop), handed to the loop when anything
@@ -12,21 +15,24 @@ settings (DataLoader with spawn).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import weakref
 from collections.abc import Coroutine, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from shoal.client import blockbatch
-from shoal.client.aio import AsyncClient
-from shoal.client.blocking import BlockingReads
 from shoal.client.cache import FORKS, ClientCache
+from shoal.client.direct import DirectReads
 from shoal.client.local import read_path, stat_path, touches_due
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import Dataset, FileInfo, Mount
 from shoal.errors import ShoalError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from shoal.client.aio import AsyncClient
+    from shoal.client.blocking import BlockingReads
 
 T = TypeVar("T")
 
@@ -37,14 +43,40 @@ class Client:
     ) -> None:
         self.settings = settings or ClientSettings(master=master_from_env(master))
         self.cache = ClientCache()
-        self._aio = AsyncClient(self.settings, self.cache)
-        self._blocking = BlockingReads(self._aio, self._refresh_soon)
+        #: the async client and the blocking remote reads over it, built on first use
+        self._made: tuple[AsyncClient, BlockingReads] | None = None
+        self._direct = DirectReads(self.settings, self.cache)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._gen = FORKS[0]
         self._lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------
+
+    @property
+    def _aio(self) -> AsyncClient:
+        made = self._made
+        if made is None:
+            made = self._make()
+        return made[0]
+
+    @property
+    def _blocking(self) -> BlockingReads:
+        made = self._made
+        if made is None:
+            made = self._make()
+        return made[1]
+
+    def _make(self) -> tuple[AsyncClient, BlockingReads]:
+        """Build the async client (imports asyncio and the async parts: on first use)."""
+        from shoal.client.aio import AsyncClient
+        from shoal.client.blocking import BlockingReads
+
+        with self._lock:
+            if self._made is None:
+                aio = AsyncClient(self.settings, self.cache)
+                self._made = (aio, BlockingReads(aio, self._refresh_soon))
+            return self._made
 
     def __getstate__(self) -> dict[str, Any]:
         return {"settings": self.settings}
@@ -60,9 +92,11 @@ class Client:
 
     def _after_fork(self) -> None:
         # the loop thread does not exist in the child; sockets are shared with the parent
-        self._aio.abandon()
-        self._aio = AsyncClient(self.settings, self.cache)
-        self._blocking = BlockingReads(self._aio, self._refresh_soon)
+        if self._made is not None:
+            self._made[0].abandon()
+        self._made = None
+        self._direct.abandon()
+        self._direct = DirectReads(self.settings, self.cache)
         self._loop = None
         self._thread = None
         self._lock = threading.Lock()
@@ -74,6 +108,7 @@ class Client:
         loop = self._loop
         if loop is not None:
             return loop
+        self._make()
         with self._lock:
             if self._loop is None:
                 import uvloop
@@ -82,6 +117,7 @@ class Client:
                 t = threading.Thread(target=loop.run_forever, name="shoal-client", daemon=True)
                 t.start()
                 self._loop, self._thread = loop, t
+                self._direct.hand_over()  # the loop's ticker reports the hits now
                 # close at process exit: sends buffered hits and closes the sessions
                 # before the interpreter tears them down ("Unclosed client session").
                 # multiprocessing's exit hook runs at interpreter exit and also at the
@@ -92,6 +128,8 @@ class Client:
             return self._loop
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        import asyncio
+
         loop = self._get_loop()
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
@@ -105,10 +143,14 @@ class Client:
         if self._gen != FORKS[0]:
             self._after_fork()
             return
-        self._blocking.close()
+        self._direct.close()
+        if self._made is not None:
+            self._made[1].close()
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
+        import asyncio
+
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
         finally:
@@ -122,6 +164,8 @@ class Client:
         loop, thread = self._loop, self._thread
         if self._gen != FORKS[0] or loop is None or thread is None or not thread.is_alive():
             return
+        import asyncio
+
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=timeout)
             loop.call_soon_threadsafe(loop.stop)
@@ -133,6 +177,8 @@ class Client:
             pass
 
     async def _shutdown(self) -> None:
+        import asyncio
+
         await self._aio.close()
         rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in rest:  # e.g. a touch flush the fast path scheduled
@@ -154,15 +200,24 @@ class Client:
         if self._gen != FORKS[0]:
             self._after_fork()
         data = read_path(self.cache, path, offset, length)
-        if data is not None and touches_due(self.cache) and self._loop is not None:
-            self.cache.touched_at = time.monotonic()
-            asyncio.run_coroutine_threadsafe(self._aio.flush_touches(), self._loop)
+        if data is not None:
+            loop = self._loop
+            if loop is None:
+                self._direct.touched()  # no loop (yet): sent by its own thread
+            elif touches_due(self.cache):
+                import asyncio
+
+                self.cache.touched_at = time.monotonic()
+                asyncio.run_coroutine_threadsafe(self._aio.flush_touches(), loop)
         return data
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
         data = self.read_fast(path, offset, length)
-        if data is None:
+        if data is None and self._made is not None:
             data = self._aio.read_ahead_fast(path, offset, length)
+        if data is None and self._loop is None:
+            # no loop yet: a local worker's pages, located on this thread (no asyncio)
+            data = self._direct.read(path, offset, length)
         if data is None and self._loop is not None:
             # a remote worker: a blocking request on this thread (no hop to the loop)
             data = self._blocking.read(path, offset, length)
@@ -177,7 +232,12 @@ class Client:
         todo = list(paths)
         if self._gen != FORKS[0]:
             self._after_fork()
-        got = blockbatch.cat_many(self._blocking, todo) if self._loop is not None else None
+        if self._loop is not None:
+            from shoal.client import blockbatch
+
+            got = blockbatch.cat_many(self._blocking, todo)
+        else:
+            got = None
         if got is None:
             return self._run(self._aio.cat_many(todo))
         out, rest = got  # remote workers, asked on this thread; the rest the async way

@@ -1,0 +1,140 @@
+"""What a local worker's answers teach the short circuit, installed in a
+:class:`~shoal.client.cache.ClientCache`: a LOCATE answer's page locations (and the
+read of the range that asked for them), a LOCATE_DIR answer's small files, which
+directories to ask for, and the TOUCH batches that report the hits served from them.
+
+No I/O and no event loop here: the async short circuit
+(:mod:`shoal.client.shortcircuit`) and the sync client's blocking first reads
+(:mod:`shoal.client.direct`) send the requests their own way and install the answers
+through these same functions, so both follow one set of rules (descriptor counts,
+layout changes, the workers' check stamps).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+from shoal.client.cache import ClientCache, PageLoc
+from shoal.client.local import read_located
+from shoal.core.types import Dataset, FileInfo
+from shoal.proto.messages import LocateDirReply, LocateReply, TouchItem, TouchRequest
+from shoal.proto.wire import MAX_TOUCH_ITEMS
+
+#: bytes of already cached pages past a located range a worker also hands over
+LOCATE_AHEAD = 256 << 20
+#: after this many directories located, a reader asks for the whole dataset's cached
+#: files (one answer instead of one per directory: a training epoch reads them all)
+DATASET_LOCATE_AFTER = 3
+
+
+def layout_moved(c: ClientCache, ds: Dataset) -> bool:
+    """Whether the dataset's page layout changed since ``ds`` was read (a reply in
+    the old layout must not be installed next to the new one)."""
+    hit = c.datasets.get(ds.name)
+    return hit is not None and hit[0].policy.page_size != ds.policy.page_size
+
+
+def take_locations(
+    c: ClientCache,
+    wid: str,
+    ds: Dataset,
+    path: str,
+    m: LocateReply,
+    fds: list[int],
+    offset: int,
+    length: int,
+) -> bytes | None:
+    """Install a LOCATE answer of worker ``wid`` (its descriptors ``fds``, owned from
+    here on) and read the range with pread; None: no usable locations (the file's
+    metadata is still learnt). StaleLayout is the caller's to raise when
+    :func:`layout_moved` (checked first, descriptors closed)."""
+    ids = [(x[0], x[1]) for x in m.fds]
+    if len(fds) != len(ids) or any(p[0] < 0 for p in m.pages):
+        for fd in fds:
+            os.close(fd)
+        c.remember(ds.name, FileInfo(path, m.size, m.version, m.mtime))
+        return None
+    c.remember(ds.name, FileInfo(path, m.size, m.version, m.mtime))
+    for key, fd in zip(ids, fds, strict=True):
+        c.add_fd(key, fd)
+    first = m.first
+    stamps = m.stamps  # unchecked by decode: none (an older worker) or odd: check all
+    if type(stamps) is not list or len(stamps) != len(ids):
+        stamps = [0] * len(ids)
+    verified = c.verified
+    for i, (slot, off, n, ck) in enumerate(m.pages):
+        lk = (ds.name, path, m.version, first + i)
+        c.locs[lk] = PageLoc(ids[slot], off, n, ck, wid, ds.policy.page_size)
+        # checked by the worker at this ctime: trusted while the file keeps it
+        # (shoal.client.local); else this process checks the page itself
+        if stamps[slot]:
+            verified[lk] = stamps[slot]
+        else:
+            verified.pop(lk, None)
+    # the worker counted this read when it answered: no touch for it
+    return read_located(c, ds, path, offset, length, touch=False)
+
+
+def directories_to_locate(c: ClientCache, wid: str, ds: Dataset, directories: list[str]) -> bool:
+    """Note that ``directories`` are being located on ``wid``; whether to ask for the
+    whole dataset's cached files first (a reader on its third directory is taken to
+    read the dataset at large, a training epoch)."""
+    now = time.monotonic()
+    whole = (wid, ds.name, None)
+    asked = c.dir_asks.get((wid, ds.name), 0) + len(directories)
+    c.dir_asks[(wid, ds.name)] = asked
+    for d in directories:
+        c.dirs_located[(wid, ds.name, d)] = now
+    if whole not in c.dirs_located and asked >= DATASET_LOCATE_AFTER:
+        c.dirs_located[whole] = now
+        return True
+    return False
+
+
+def take_dir(
+    c: ClientCache, wid: str, ds: Dataset, directory: str | None, m: LocateDirReply, fds: list[int]
+) -> bool:
+    """Install a LOCATE_DIR answer of ``wid`` (its descriptors ``fds``, owned from here
+    on); whether it held every cached file asked for."""
+    ps = ds.policy.page_size
+    ids = [(x[0], x[1]) for x in m.fds]
+    if len(fds) != len(ids) or layout_moved(c, ds):
+        for fd in fds:
+            os.close(fd)
+        return False
+    keys = []
+    for key, fd in zip(ids, fds, strict=True):
+        keys.append(c.add_fd(key, fd))
+    meta, locs, name = c.meta, c.locs, ds.name
+    small, verified = c.dir_locs, c.verified
+    # paths with a check of another location (a few: looked up without a key per item)
+    checked = {k[1] for k in verified if k[0] == name and k[3] == 0} if verified else ()
+    for path, v, size, slot, off, n, ck in m.items:
+        if n != size or size > ps:
+            continue  # a whole small file, or nothing
+        if path in checked:
+            verified.pop((name, path, v, 0), None)  # a check of another location
+        known = meta.get((name, path))
+        if known is None:
+            # kept raw until read (shoal.client.local): no records per file here
+            small[(name, path)] = (keys[slot], off, n, ck, v, wid, ps)
+        elif known[0].version == v:
+            locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid, ps)
+        # else: this process already reads another version of it
+    return m.full and (directory is not None or bool(m.items))
+
+
+def touch_batches(c: ClientCache) -> Iterator[tuple[str, TouchRequest]]:
+    """The buffered hits, taken out of ``c``: (worker id, TOUCH) per worker and
+    dataset, each at most MAX_TOUCH_ITEMS items (a worker refuses more)."""
+    c.touched_at = time.monotonic()
+    log_, c.touch_log = c.touch_log, []
+    touches: dict[str, dict[str, list[TouchItem]]] = {}
+    for wid, dsname, path, version, npages, nbytes in log_:
+        touches.setdefault(wid, {}).setdefault(dsname, []).append((path, version, npages, nbytes))
+    for wid, by_ds in touches.items():
+        for dsname, items in by_ds.items():
+            for i in range(0, len(items), MAX_TOUCH_ITEMS):
+                yield wid, TouchRequest(dsname, tuple(items[i : i + MAX_TOUCH_ITEMS]))
