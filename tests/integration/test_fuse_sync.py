@@ -72,7 +72,10 @@ def test_reads_after_sync_are_new_bytes(
             assert h(read(root / "small.bin")) == h(files["small.bin"]), i
             sent = m.metrics()["shoal_fuse_notifications_total"]
             shoal(cluster, "sync", "/ds", "--wait")
-            assert m.metrics()["shoal_fuse_notifications_total"] >= sent + len(new)
+            # small.bin was just read, so the kernel holds its inode and it must be
+            # invalidated; the others only if the kernel still holds them (a
+            # drop_caches elsewhere on the machine makes it forget inodes)
+            assert m.metrics()["shoal_fuse_notifications_total"] >= sent + 1
             for n, b in new.items():
                 assert os.stat(root / n).st_size == len(b), (i, n)
                 assert h(read(root / n)) == h(b), (i, n)

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from shoal.core.metric_names import FUSE_TIMED_OPS, Buckets, family
 from shoal.errors import ShoalError, errno_of
 from shoal.fuse import protocol as p
-from shoal.fuse.nodes import Reply
+from shoal.fuse.nodes import Fail, Reply
 from shoal.fuse.ops import FileSystem
 
 log = logging.getLogger("shoal.fuse.daemon")
@@ -155,12 +155,15 @@ class Daemon:
             else:
                 os.writev(self.fd, [p.reply_header(unique, len(reply)), reply])
         except OSError as exc:
-            # ENOENT: the request was interrupted and is gone; ENODEV: unmounted
-            if exc.errno in (errno.ENOENT, errno.ENODEV):
-                return
-            log.error("reply to request %d failed: %s", unique, exc)
-            if not error:  # the kernel refused the reply: never leave the caller waiting
-                self._send(unique, None, errno.EIO)
+            self._send_failed(unique, exc, error)
+
+    def _send_failed(self, unique: int, exc: OSError, error: int) -> None:
+        # ENOENT: the request was interrupted and is gone; ENODEV: unmounted
+        if exc.errno in (errno.ENOENT, errno.ENODEV):
+            return
+        log.error("reply to request %d failed: %s", unique, exc)
+        if not error:  # the kernel refused the reply: never leave the caller waiting
+            self._send(unique, None, errno.EIO)
 
     def _fail(self, unique: int, opcode: int, exc: BaseException) -> None:
         code = errno_of(exc)  # the one table (shoal.errors)
@@ -170,13 +173,15 @@ class Daemon:
         self._send(unique, None, code)
 
     def on_readable(self) -> None:
-        fd, buf, view = self.fd, self._buf, self._view
-        unpack = p.IN_HEADER.unpack_from
+        fd, bufs, view = self.fd, [self._buf], self._view
+        unpack, body_at = p.IN_ROUTE.unpack_from, p.IN_HEADER.size
+        pack, out_size = p.OUT_HEADER.pack, p.OUT_HEADER.size
+        readv, writev = os.readv, os.writev
         handlers, counts, timed = self.handlers, self.counts, self.timed
-        clock = time.perf_counter
+        clock, hold, fs = time.perf_counter, self.hold, self.fs
         while True:
             try:
-                n = os.readv(fd, [buf])
+                n = readv(fd, bufs)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -184,9 +189,10 @@ class Daemon:
                     continue
                 self._stop(exc)
                 return
-            _len, opcode, unique, nodeid = unpack(buf)[:4]
-            counts[opcode & 63] += 1
-            hist = timed[opcode & 63]
+            _len, opcode, unique, nodeid = unpack(view)
+            slot = opcode & 63
+            counts[slot] += 1
+            hist = timed[slot]
             t0 = clock() if hist is not None else 0.0
             handler = handlers.get(opcode)
             if handler is None:
@@ -197,20 +203,28 @@ class Daemon:
                 self._send(unique, None, errno.ENOSYS)
                 continue
             try:
-                res = handler(nodeid, view[p.IN_HEADER.size : n])
+                res = handler(nodeid, view[body_at:n])
             except Exception as exc:
                 self._fail(unique, opcode, exc)
                 if hist is not None:  # a failed request is timed like an answered one
                     hist.observe(clock() - t0)
                 continue
-            if self.hold and self.fs.invalidating and opcode in ATTR_OPS:
+            if hold and fs.invalidating and opcode in ATTR_OPS:
                 res = _ready(res)
-            if type(res) is CoroutineType:
+            if type(res) is bytes:  # most warm answers (OPEN, RELEASE, ...): sent right here
+                try:
+                    writev(fd, [pack(out_size + len(res), 0, unique), res])
+                except OSError as exc:
+                    self._send_failed(unique, exc, 0)
+            elif type(res) is CoroutineType:
                 task = asyncio.get_running_loop().create_task(self._finish(unique, opcode, res, t0))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 continue
-            if res is not None:
+            elif type(res) is Fail:  # an expected error (IOCTL): counted, never logged
+                self.errors[res] = self.errors.get(res, 0) + 1
+                self._send(unique, None, res)
+            elif res is not None:
                 self._send(unique, res)  # type: ignore[arg-type]
             if hist is not None:
                 hist.observe(clock() - t0)

@@ -14,7 +14,10 @@ from shoal.client.aio import AsyncClient
 from shoal.core.types import FileInfo
 from shoal.fuse import protocol as p
 from shoal.fuse.ahead import Ahead
-from shoal.fuse.nodes import Node, Reply, Result, Stats
+from shoal.fuse.nodes import Fail, Node, Reply, Result, Stats
+
+#: every IOCTL's answer (the kernel hands each on and never remembers it)
+NOT_A_TTY = Fail(errno.ENOTTY)
 
 
 class DirectoryOps:
@@ -136,7 +139,7 @@ class DirectoryOps:
         return b""
 
     def op_ioctl(self, nodeid: int, body: memoryview) -> Result:
-        raise OSError(errno.ENOTTY, "not a terminal")
+        return NOT_A_TTY  # one per buffered open() (isatty): answered without a raise
 
     def op_rofs(self, nodeid: int, body: memoryview) -> Result:
         raise OSError(errno.EROFS, "read-only")

@@ -11,8 +11,16 @@ from typing import Any
 
 from shoal.core.types import FileInfo
 
+
+class Fail(int):
+    """An errno a handler answers with, returned instead of raised: for requests whose
+    answer is always the same error (an IOCTL per buffered ``open()``: isatty), where
+    raising and mapping an exception costs more than the rest of the request. Returned
+    by synchronous handlers only (a coroutine's failures raise)."""
+
+
 Reply = bytes | memoryview | list[bytes | memoryview] | None
-Result = Reply | Coroutine[Any, Any, Reply]
+Result = Reply | Fail | Coroutine[Any, Any, Reply]
 Handler = Callable[[int, memoryview], Result]
 
 #: seconds the kernel may trust entries and attributes of a "never revalidate" dataset

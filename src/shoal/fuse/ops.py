@@ -58,6 +58,9 @@ log = logging.getLogger("shoal.fuse.ops")
 STAT_PARALLELISM = 32
 #: large files whose read window is kept in kernel-open mode (no RELEASE drops it)
 MAX_CHUNKS = 16
+#: the answers of a cached open: the kernel keeps its pages (same version) or drops them
+OPEN_KEEP = p.encode_open(0, p.FOPEN_NOFLUSH | p.FOPEN_KEEP_CACHE)
+OPEN_DROP = p.encode_open(0, p.FOPEN_NOFLUSH)
 
 
 class FileSystem(DirectoryOps, PassthroughOps):
@@ -370,8 +373,7 @@ class FileSystem(DirectoryOps, PassthroughOps):
         n.kept_version = n.version
         n.opens += 1
         self.stats.cached_opens += 1
-        flags = p.FOPEN_NOFLUSH | (p.FOPEN_KEEP_CACHE if keep else 0)
-        return p.encode_open(0, flags)
+        return OPEN_KEEP if keep else OPEN_DROP
 
     def op_release(self, nodeid: int, body: memoryview) -> Result:
         fh = p.RELEASE_IN.unpack_from(body)[0]

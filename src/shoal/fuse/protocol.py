@@ -125,6 +125,8 @@ FOPEN_PASSTHROUGH = 1 << 7
 MAX_STACK_DEPTH = 2
 
 IN_HEADER = struct.Struct("<IIQQIIIHH")  # len opcode unique nodeid uid gid pid extlen pad
+#: the part of it the request loop needs (one tuple of four, not one of nine and a slice)
+IN_ROUTE = struct.Struct("<IIQQ")  # len opcode unique nodeid
 OUT_HEADER = struct.Struct("<IiQ")  # len error unique
 INIT_IN = struct.Struct("<IIII")  # major minor max_readahead flags
 INIT_IN_EXT = struct.Struct("<IIIII")  # ... flags2 (with INIT_EXT)
