@@ -104,6 +104,7 @@ class S3Gateway:
         self.started = time.time()
         self.writer = Writer(client)
         self.indexes = IndexCache()
+        self.probes = s3_objects.Probes()
         spool = Path(spool_dir) if spool_dir else Path(os.environ.get("TMPDIR", "/tmp"))
         # multipart uploads outlive this process: a fixed directory, shared by replicas
         uploads = Path(uploads_dir) if uploads_dir else spool / f"shoal-s3-uploads-{os.getuid()}"

@@ -9,7 +9,9 @@ GET at the store, not a HEAD and a GET. The body goes out one of three ways:
 - up to :data:`SMALL` bytes: one ``client.read`` (from the located pages of a local
   worker: a pread in this process) and one write;
 - a complete large file on a local worker: its descriptor (``open_local``) and
-  ``sendfile`` (:func:`shoal.gateway.server.send_file_range`);
+  ``sendfile`` (:func:`shoal.gateway.server.send_file_range`); a file found
+  incomplete there is asked for again only every :data:`PROBE_EVERY` GETs
+  (:class:`Probes`);
 - otherwise ``client.read`` in :data:`CHUNK` ranges, :data:`READ_AHEAD` of them in
   flight while one is written.
 
@@ -47,6 +49,9 @@ CHUNK = 8 << 20
 READ_AHEAD = 3
 #: files at least this large are looked for on a local worker for sendfile
 LOCAL_MIN = 8 << 20
+#: of the large GETs of a file version found incomplete on the local worker, every
+#: how many looks for it there again (:class:`Probes`)
+PROBE_EVERY = 16
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _OVERRIDES = {
@@ -178,9 +183,11 @@ async def get_object(gw: S3Gateway, ctx: Ctx, head: bool) -> web.StreamResponse:
         ctx.nbytes = len(data)
         return web.Response(status=status, body=data, headers=headers)
     fd = None
-    if info.size >= LOCAL_MIN:
+    if info.size >= LOCAL_MIN and gw.probes.due(ctx.path, info.version):
         got = await gw.client.open_local(ctx.path, load=False)
-        if got is not None:
+        if got is None:
+            gw.probes.missed(ctx.path, info.version)
+        else:
             fd, local = got
             if local.version != info.version or local.size != info.size:
                 os.close(fd)
@@ -204,6 +211,44 @@ async def get_object(gw: S3Gateway, ctx: Ctx, head: bool) -> web.StreamResponse:
         if fd is not None:
             os.close(fd)
     return resp
+
+
+class Probes:
+    """Which file versions were found incomplete on the local worker lately
+    (``open_local`` answered None): of the large GETs of such a version, only every
+    :data:`PROBE_EVERY`-th asks again. Why: a cold large object is read in many ranged
+    GETs (boto3's transfer manager: 8 MiB parts, 16 in flight), and each one asked the
+    worker for the whole file before its own read -- a round trip and worker CPU per
+    part, answered "incomplete" until the last page landed (and always, for a file
+    whose pages do not share one data file). A GET that skips the probe streams the
+    same bytes from the pages, so a file that completes meanwhile is only sent with
+    ``sendfile`` a few GETs later."""
+
+    def __init__(self, every: int = PROBE_EVERY, limit: int = 4096) -> None:
+        self._every = every
+        self._limit = limit
+        #: (path, version) -> GETs that skipped the probe since it missed, oldest first
+        self._skipped: dict[tuple[str, str], int] = {}
+
+    def due(self, path: str, version: str) -> bool:
+        """Whether this GET asks the local worker for the whole file."""
+        key = (path, version)
+        n = self._skipped.get(key)
+        if n is None:
+            return True
+        if n + 1 >= self._every:
+            del self._skipped[key]
+            return True
+        self._skipped[key] = n + 1
+        return False
+
+    def missed(self, path: str, version: str) -> None:
+        """The probe of this version found it incomplete."""
+        skipped = self._skipped
+        skipped.pop((path, version), None)
+        skipped[(path, version)] = 0
+        if len(skipped) > self._limit:  # bounded: the oldest go first
+            del skipped[next(iter(skipped))]
 
 
 def _read_first_fast(ctx: Ctx, read_fast: Callable[[str, int, int], bytes | None]) -> bytes | None:
