@@ -20,6 +20,7 @@ from shoal.core.records import record
 from shoal.core.types import NEVER, Dataset, FileInfo
 
 if TYPE_CHECKING:
+    from shoal.client.hostmeta import HostMeta, Space
     from shoal.core.manifest import Manifest
     from shoal.core.ring import Ring
 
@@ -118,13 +119,41 @@ class LRU(OrderedDict[Any, Any]):
             self.popitem(last=False)
 
 
+_get = dict.get
+
+
+class MetaLRU(LRU):
+    """The metadata cache, and behind it what this host's other client processes
+    listed (``spaces``: dataset -> :class:`~shoal.client.hostmeta.Space`), looked up
+    on a miss without building a record per listed file. Every reader of file
+    metadata reads through ``get`` (the stat and read fast paths included), so a
+    listing another process got answers here as one this process got would, with
+    the time it was got for the staleness bound. Not for paths a LOCATE_DIR answer
+    located (``skip``): their first read builds their records (ClientCache.remember)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.spaces: dict[str, Space] = {}
+        self.skip: dict[tuple[str, str], SmallLoc] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        hit = _get(self, key)
+        if hit is not None or not self.spaces:
+            return default if hit is None else hit
+        space = self.spaces.get(key[0])
+        if space is None or key in self.skip:
+            return default
+        got = space.lookup(key[1])
+        return default if got is None else got
+
+
 @record(slots=False, frozen=False)
 class ClientCache:
     datasets: dict[str, tuple[Dataset, float]] = field(default_factory=dict)
     ring: Ring | None = None
     ring_at: float = 0.0
     workers: dict[str, WorkerAddr] = field(default_factory=dict)
-    meta: LRU = field(default_factory=lambda: LRU(1_000_000))
+    meta: MetaLRU = field(default_factory=lambda: MetaLRU(1_000_000))
     locs: dict[LocKey, PageLoc] = field(default_factory=dict)
     #: (dataset, path) -> a whole small file located by LOCATE_DIR whose path ``meta``
     #: does not hold: kept raw, so that learning a dataset's files costs no records
@@ -160,6 +189,11 @@ class ClientCache:
     refresh_every: float = 10.0
     #: monotonic time of the last flush of ``touch_log``
     touched_at: float = 0.0
+    #: the host's metadata cache (shoal.client.hostmeta; set by the client's Metadata)
+    host: HostMeta | None = None
+
+    def __post_init__(self) -> None:
+        self.meta.skip = self.dir_locs
 
     def info(self, ds: Dataset, path: str) -> FileInfo | None:
         hit = self.meta.get((ds.name, path))
@@ -171,8 +205,9 @@ class ClientCache:
             return info
         return None
 
-    def remember(self, ds: str, info: FileInfo) -> None:
-        self.meta.put((ds, info.path), (info, time.monotonic()))
+    def remember(self, ds: str, info: FileInfo, at: float | None = None) -> None:
+        """Keep ``info``, got at ``at`` (monotonic; None: now)."""
+        self.meta.put((ds, info.path), (info, time.monotonic() if at is None else at))
         if self.dir_locs:  # a located small file: a page record now, if of this version
             small = self.dir_locs.pop((ds, info.path), None)
             if small is not None and small[4] == info.version:
@@ -204,8 +239,15 @@ class ClientCache:
         return at is None or time.monotonic() - at > DIR_RELOCATE
 
     def forget(self, ds: str, path: str) -> None:
+        """``path`` changed: forget it here, and tell this host's other processes."""
         self.meta.pop((ds, path), None)
         self.dir_locs.pop((ds, path), None)
+        space = self.meta.spaces.get(ds)
+        if space is not None:
+            space.hide(path, time.monotonic())
+        hit = self.datasets.get(ds)
+        if self.host is not None and hit is not None:
+            self.host.tombstone(hit[0], path)
 
     def forget_dataset(self, ds: str) -> None:
         for k in [k for k in self.meta if k[0] == ds]:
@@ -220,6 +262,7 @@ class ClientCache:
         for a in [a for a in self.dir_asks if a[1] == ds]:
             self.dir_asks.pop(a, None)
         self.walking.discard(ds)
+        self.meta.spaces.pop(ds, None)
         for table in (self.stat_misses, self.dirs_listed):
             for k in [k for k in table if k[0] == ds]:
                 table.pop(k, None)

@@ -1,6 +1,8 @@
 """File metadata for the client: ``stat`` and ``ls`` from this process's metadata
-cache, the dataset's manifest, a listing of the directory (once for many stats that
-missed in it) or, last, a worker's answer.
+cache, the dataset's manifest, what this host's other client processes listed
+(:mod:`shoal.client.hostmeta`: a fresh process's first stats need no round trip),
+a listing of the directory (once for many stats that missed in it) or, last, a
+worker's answer. Every listing got from a worker goes to the host's cache too.
 
 One part of :class:`~shoal.client.aio.AsyncClient`, built on its router (owners and
 failover) and control plane (manifests, the list of datasets).
@@ -13,8 +15,10 @@ import logging
 import time
 
 from shoal.client.control import ControlPlane
+from shoal.client.hostmeta import HostMeta, Space
 from shoal.client.routing import Router
-from shoal.core.types import Dataset, FileInfo, NsPath, split_path
+from shoal.config import token_for
+from shoal.core.types import NEVER, Dataset, FileInfo, NsPath, split_path
 from shoal.errors import ShoalError
 from shoal.proto.messages import ListRequest, StatRequest
 
@@ -30,6 +34,11 @@ class Metadata:
         self.cache = router.cache
         #: directories being listed for stats that missed (see _stat_by_listing)
         self._listing: dict[tuple[str, str], asyncio.Task[None]] = {}
+        settings = router.settings
+        self.host = HostMeta(
+            settings.master, token=lambda: settings.token or token_for(settings.master)
+        )
+        self.cache.host = self.host
 
     async def stat(self, path: str) -> FileInfo:
         ds, np = await self.router.resolve(path)
@@ -48,6 +57,8 @@ class Metadata:
             elif man.is_dir(np.key_path):
                 return FileInfo(str(np), 0, "", 0.0, True)
         if info is None and man is None:
+            info = self._from_host(ds, np.key_path)
+        if info is None and man is None:
             info = await self._stat_by_listing(ds, np)
         if info is None:
             req = StatRequest(ds.name, np.key_path, ds.generation)
@@ -55,6 +66,30 @@ class Metadata:
             if not info.is_dir:
                 self.cache.remember(ds.name, info)
         return FileInfo(str(np), info.size, info.version, info.mtime, info.is_dir)
+
+    def _from_host(self, ds: Dataset, path: str) -> FileInfo | None:
+        """A stat that missed: what another process on this host listed, if within the
+        bound. The host's listings are read at the first miss in a dataset, and looked
+        at again (RECHECK apart) at later misses; once read, they answer on the
+        caller's thread too (ClientCache.meta)."""
+        spaces = self.cache.meta.spaces
+        space: Space | None = spaces.get(ds.name)
+        if space is None:
+            space = self.host.space(ds)
+            if space is None:
+                return None
+            spaces[ds.name] = space
+        elif space.due():
+            space.refresh()
+        got = space.lookup(path)
+        if got is None:
+            return None
+        info, at = got
+        bound = ds.policy.staleness
+        if bound != NEVER and time.monotonic() - at > bound:
+            return None
+        self.cache.remember(ds.name, info, at)  # a located small file: its page record
+        return _complete(info)
 
     async def _stat_by_listing(self, ds: Dataset, np: NsPath) -> FileInfo | None:
         """A stat that missed: when others missed in the same directory before, list it
@@ -89,6 +124,7 @@ class Metadata:
         for e in resp.reply.entries:
             if not e.is_dir:
                 self.cache.remember(ds.name, e)
+        self.host.put(ds, directory, resp.reply.entries)
 
     async def ls(self, path: str) -> list[FileInfo]:
         if split_path_or_root(path) is None:
@@ -118,6 +154,9 @@ class Metadata:
             if not e.is_dir:
                 self.cache.remember(ds.name, e)
             out.append(FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir))
+        now = self.cache.datasets.get(ds.name)
+        if now is not None and now[0].generation == ds.generation:  # else a sync meanwhile
+            self.host.put(ds, np.key_path, resp.reply.entries)
         return out
 
 
