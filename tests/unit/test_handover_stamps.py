@@ -199,3 +199,51 @@ def test_locate_reply_stamps_are_a_trailing_optional_field() -> None:
     assert m.LocateReply.decode([*enc[:7], 5]).stamps == 5
     with pytest.raises(ProtocolError):  # the fields before it are checked as ever
         m.LocateReply.decode([*enc[:6], "no", [123]])
+
+
+def test_back_to_back_pages_are_one_read_checked_page_by_page(
+    tmp_path: Path, settled: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, pages = _data_file(tmp_path)
+    want = Path(path).read_bytes()
+    c, ctime, keys = _reader(path, pages)
+    reads: list[int] = []
+    real = os.pread
+
+    def counting(fd: int, n: int, off: int) -> bytes:
+        reads.append(n)
+        return real(fd, n, off)
+
+    monkeypatch.setattr(local.os, "pread", counting)
+    locs = [c.locs[k] for k in keys]
+    # unchecked: one read of the whole run, every page checked, then remembered
+    assert local._pages(c, keys, locs, 100, 4 * PS - 50) == want[100 : 4 * PS - 50]
+    assert reads == [4 * PS] and all(c.verified[k] == ctime for k in keys)
+    # checked: one read of just the range asked for
+    reads.clear()
+    assert local._pages(c, keys[1:], locs[1:], 10, 2 * PS) == want[PS + 10 : 3 * PS]
+    assert reads == [2 * PS - 10]
+    # a write behind the reader's back: the stamps no longer hold, the bad page is
+    # caught and reported, and nothing is returned
+    _flip(path, 2 * PS + 9)
+    assert local._pages(c, keys, locs, 0, 4 * PS) is None
+    assert c.counters.corrupt == 1 and c.bad_pages == [("w", keys[2])]
+    assert keys[2] not in c.locs  # asked of the worker next time
+
+
+def test_pages_apart_are_read_one_by_one(tmp_path: Path, settled: None) -> None:
+    path, pages = _data_file(tmp_path)
+    want = Path(path).read_bytes()
+    c, _ctime, keys = _reader(path, pages)
+    # pages 0 and 1 located in the other order in the file: not one run
+    a, b = c.locs[keys[0]], c.locs[keys[1]]
+    swapped = [
+        PageLoc(a.fdkey, PS, PS, pages[1][2], "w", PS),
+        PageLoc(b.fdkey, 0, PS, pages[0][2], "w", PS),
+    ]
+    assert local._pages(c, keys[:2], swapped, 0, 2 * PS) == want[PS : 2 * PS] + want[:PS]
+    # a short page before the last one: its successor's bytes would shift, so the
+    # pages are read one by one, and the short read shows
+    short = [PageLoc(a.fdkey, 0, PS - 1, 0, "w", PS), c.locs[keys[1]]]
+    got = local._pages(c, keys[:2], short, 0, 2 * PS)
+    assert got is None or len(got) != 2 * PS

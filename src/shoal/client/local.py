@@ -111,6 +111,80 @@ def _span(
     return whole if start == 0 and end == length else whole[start:end]
 
 
+def _forget(c: ClientCache, key: LocKey) -> None:
+    """A located page that could not be read as located: ask the worker next time."""
+    c.locs.pop(key, None)
+    c.verified.pop(key, None)
+
+
+def _pages(
+    c: ClientCache, keys: list[LocKey], locs: list[PageLoc], start: int, end: int
+) -> bytes | None:
+    """Bytes [start, end) of consecutive located pages, counted from the first one's
+    start, verified. Pages that lie back to back in one descriptor (a large file's
+    pages do) are read with one ``pread`` straight into the bytes returned and
+    checked through views of it, so a multi-page read costs one copy, as a local
+    file's does, not a copy per page and a join; otherwise page by page."""
+    head = locs[0]
+    fdkey, at = head.fdkey, head.offset
+    ps = head.page_size
+    for i, loc in enumerate(locs):
+        # a page short of the layout's size anywhere but last would shift the rest
+        if loc.fdkey != fdkey or loc.offset != at or (loc.length != ps and i < len(locs) - 1):
+            return _page_by_page(c, keys, locs, start, end)
+        at += loc.length
+    total = at - head.offset
+    end = min(end, total)
+    fd = c.fds.get(fdkey)
+    if fd is None:
+        return None
+    verified = c.verified
+    try:
+        stamp = verified.get(keys[0])
+        if stamp is not None and all(verified.get(k) == stamp for k in keys):
+            data = os.pread(fd, end - start, head.offset + start)
+            # fstat after the pread: any write before the pread has moved the ctime
+            if len(data) == end - start and os.fstat(fd).st_ctime_ns == stamp:
+                return data
+            for k in keys:  # the file changed since the checks: check them again
+                verified.pop(k, None)
+        ctime = os.fstat(fd).st_ctime_ns
+        settled = _coarse_now() > ctime  # as in _span
+        whole = os.pread(fd, total, head.offset)
+    except OSError:
+        return None
+    if len(whole) != total:
+        return _page_by_page(c, keys, locs, start, end)  # finds and reports the short page
+    view = memoryview(whole)
+    pos = 0
+    for k, loc in zip(keys, locs, strict=True):
+        if _xxh3(view[pos : pos + loc.length]) != loc.checksum:
+            _bad(c, k, loc.worker)
+            _forget(c, k)
+            return None
+        pos += loc.length
+    if settled:
+        for k in keys:
+            verified[k] = ctime
+    return whole if start == 0 and end == total else whole[start:end]
+
+
+def _page_by_page(
+    c: ClientCache, keys: list[LocKey], locs: list[PageLoc], start: int, end: int
+) -> bytes | None:
+    """:func:`_pages` one page at a time (pages in several descriptors), joined."""
+    ps = locs[0].page_size
+    parts: list[bytes] = []
+    for i, (key, loc) in enumerate(zip(keys, locs, strict=True)):
+        base = i * ps
+        piece = _page(c, key, loc, max(start, base) - base, min(end, base + loc.length) - base)
+        if piece is None:
+            _forget(c, key)
+            return None
+        parts.append(piece)
+    return b"".join(parts)
+
+
 def _trust_due(c: ClientCache, now: float) -> None:
     """Forget every check older than TRUST_FOR seconds (this process's and the
     workers'), so that a long-running reader checks each page whole again that often."""
@@ -149,21 +223,25 @@ def read_located(
         return b""
     ps = ds.policy.page_size
     first, last = offset // ps, (end - 1) // ps
-    parts: list[bytes] = []
-    loc: PageLoc | None = None
+    keys: list[LocKey] = []
+    locs: list[PageLoc] = []
     for i in range(first, last + 1):
         key: LocKey = (ds.name, path, info.version, i)
         loc = c.locs.get(key)
         if loc is None or loc.page_size != ps:
             return None
-        base = i * ps
-        piece = _page(c, key, loc, max(offset, base) - base, min(end, base + loc.length) - base)
-        if piece is None:
-            c.locs.pop(key, None)
-            c.verified.pop(key, None)
-            return None
-        parts.append(piece)
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
+        keys.append(key)
+        locs.append(loc)
+    base = first * ps
+    if len(locs) == 1:
+        one = locs[0]
+        data = _page(c, keys[0], one, offset - base, min(end, base + one.length) - base)
+        if data is None:
+            _forget(c, keys[0])
+    else:
+        data = _pages(c, keys, locs, offset - base, end - base)
+    if data is None:
+        return None
     if len(data) != end - offset:
         return None  # never a short read: the slow path asks the worker
     if touch:
