@@ -96,3 +96,11 @@ def test_a_cap_must_be_positive(capsys: Any) -> None:
     assert main(["--quick", "--cold-cap-s", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["shoal bench: --cold-cap-s must be a positive number of seconds, got 0.0"]
+
+
+def test_preload_imports_what_it_can_and_skips_what_is_missing() -> None:
+    import sys
+
+    secs = runner.preload(("json", "shoal_bench_no_such_module"))
+    assert secs >= 0 and "json" in sys.modules and "shoal_bench_no_such_module" not in sys.modules
+    assert "s3fs" in runner.READER_MODULES and "pandas" in runner.READER_MODULES

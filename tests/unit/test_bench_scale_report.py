@@ -73,7 +73,8 @@ def test_scale_markdown_has_a_column_per_n_and_the_growth() -> None:
 
 
 def _report(tmp_path: Path) -> Report:
-    cfg = Config.make(True, workdir=tmp_path)
+    # quick data, the full run's worker counts (quick's one count has no w4 row)
+    cfg = Config.make(True, workdir=tmp_path, train_workers=(2, 4, 8), train_images=200)
     rep = Report(cfg, {"date": "d", "cores": 2, "cpu": "c", "memory_gib": 1, "kernel": "k",
                        "python": "3"})  # fmt: skip
     rep.add("train warm w4", "local-dir", Sample(2.0, 1000, 100_000_000, cpu_s=3.0))
@@ -115,6 +116,20 @@ def test_one_chart_per_workload_with_every_contender(tmp_path: Path) -> None:
     for m in made:
         assert (tmp_path / m).read_bytes()[:4] == b"\x89PNG"
     assert report.slug("small-100KB warm p1") == "small-100kb-warm-p1"
+
+
+def test_quick_is_a_smoke_check_and_leaves_the_full_run_alone(tmp_path: Path) -> None:
+    full, quick = Config.make(False, workdir=tmp_path), Config.make(True, workdir=tmp_path)
+    assert full == Config(workdir=tmp_path)  # no default of the full run moves
+    assert (full.warm_reps, full.train_workers, full.every_link_path) == (3, (2, 4, 8), True)
+    assert (full.meta_dirs, full.manifest_files) == (None, 1_000_000)
+    # quick: one warm pass per kind, one worker count, one link path, short caps
+    assert (quick.warm_reps, quick.cold_reps, quick.train_workers) == (1, 1, (2,))
+    assert not quick.every_link_path and quick.cold_cap_s < full.cold_cap_s
+    assert quick.gateway_keys is not None and quick.gateway_keys <= quick.small_files
+    assert Config.make(True, warm_reps=3).warm_reps == 3  # an explicit flag still wins
+    labels = [t.label for t in targets(quick.procs, quick.train_workers)]
+    assert sum("training loop" in x for x in labels) == 2  # one count: torch and FUSE
 
 
 def test_scale_runs_in_quick_only_when_named(tmp_path: Path) -> None:

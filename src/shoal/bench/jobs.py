@@ -112,7 +112,7 @@ def run_suite(suite: Suite) -> None:
         except Exception as exc:
             report.add("small-100KB load", "shoal-load", None, f"failed: {exc}"[:200])
     if suite._want("manifest"):
-        files = 100_000 if suite.cfg.quick else 1_000_000
+        files = suite.cfg.manifest_files
         try:
             m = manifest(env.master, suite.cfg.workdir / "meta-tree", files)
         except Exception as exc:

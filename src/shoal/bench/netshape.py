@@ -249,19 +249,22 @@ def rtt_ms(endpoint: str, rounds: int = 50) -> float:
 
 
 def measure_link(
-    link: Link, rate_mbit: float | None, delay_ms: float, seconds: float = 2.0
-) -> list[dict[str, object]]:
+    link: Link, rate_mbit: float | None, delay_ms: float, seconds: float = 2.0,
+    every_path: bool = True,
+) -> list[dict[str, object]]:  # fmt: skip
     """The evidence that the shaper is not the bottleneck: raw TCP over the bare veth,
-    over tbf, and over tbf + the delay proxy, each as MB/s and RTT."""
+    over tbf, and over tbf + the delay proxy, each as MB/s and RTT. Not ``every_path``:
+    only the last, the path every remote read takes (a smoke check that it carries)."""
     rows: list[dict[str, object]] = []
+    paths: list[tuple[str, float | None, float, bool]] = [
+        ("veth, no qdisc, no proxy", None, 0.0, False),
+        ("veth + delay proxy at 0 ms", None, 0.0, True),
+        (f"veth + tbf {rate_mbit} mbit", rate_mbit, 0.0, False),
+        (f"veth + tbf {rate_mbit} mbit + proxy {delay_ms} ms/dir", rate_mbit, delay_ms, True),
+    ]
     sink = Sink(link)
     try:
-        for label, rate, delay, via_proxy in (
-            ("veth, no qdisc, no proxy", None, 0.0, False),
-            ("veth + delay proxy at 0 ms", None, 0.0, True),
-            (f"veth + tbf {rate_mbit} mbit", rate_mbit, 0.0, False),
-            (f"veth + tbf {rate_mbit} mbit + proxy {delay_ms} ms/dir", rate_mbit, delay_ms, True),
-        ):
+        for label, rate, delay, via_proxy in paths if every_path else paths[-1:]:
             link.shape(rate)
             proxy = DelayProxy(sink.addr, delay).start() if via_proxy else None
             try:

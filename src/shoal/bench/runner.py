@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import multiprocessing as mp
 import os
 import random
@@ -32,6 +33,24 @@ def proc_cpu(pids: list[int]) -> float:
             # fields[11..14] = utime stime cutime cstime (after the comm field)
             total += sum(int(x) for x in fields[11:15]) / _TICK
     return total
+
+
+#: what reader processes import to make their clients (boto3, s3fs, the fsspec caches,
+#: shoal's fsspec filesystem, the parquet readers)
+READER_MODULES = ("boto3", "botocore.config", "s3fs", "fsspec.implementations.cached",
+                  "pandas", "pyarrow.parquet", "shoal.client", "shoal.fsspec")  # fmt: skip
+
+
+def preload(modules: tuple[str, ...] = READER_MODULES) -> float:
+    """Import the readers' libraries here, so that every reader process forked later
+    inherits them instead of importing them itself: outside the clock either way, but
+    seconds of the run per process on a loaded machine (s3fs alone: 3-9 s). Seconds
+    taken; a module that is not installed is left to its contender's ``available()``."""
+    t0 = time.perf_counter()
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    return time.perf_counter() - t0
 
 
 def drop_caches() -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.bench import latency, runner
+from shoal.bench.config import Config
 from shoal.bench.contenders import REGISTRY, BenchEnv, Boto3, Contender
 from shoal.bench.netshape import DelayProxy, Link, measure_link
 from shoal.bench.stats import Result, Sample
@@ -29,67 +30,6 @@ log = logging.getLogger("shoal.bench")
 BUCKET = "shoalbench"
 
 __all__ = ["Config", "Report", "Suite", "targets"]
-
-
-@dataclass
-class Config:
-    quick: bool = False
-    store: str = "rgw"  # "rgw" | "moto"
-    workdir: Path = Path("/var/tmp/shoal-bench")
-    small_files: int = 20_000
-    mix_files: int = 1_000
-    large_size: int = 1 << 30
-    procs: int = 4  # N reader processes
-    cold_threads: int = 16  # in-flight requests per reader process on cold epochs
-    warm_threads: int = 1  # warm reads are CPU-bound: threads would only add GIL traffic
-    warm_reps: int = 3
-    cold_reps: int = 2
-    rate_mbit: float = 2400.0  # ~300 MB/s, the field's per-stream object-store figure
-    delay_ms: float = 2.0  # per direction: +4 ms per request round trip
-    #: the training loop's JPEGs (10-500 KB, bench/images.py), DataLoader worker counts,
-    #: warm epochs per count
-    train_images: int = 2_000
-    train_workers: tuple[int, ...] = (2, 4, 8)
-    train_epochs: int = 2
-    train_batch: int = 32
-    train_step_ms: float = 10.0
-    meta_stats: int = 2_000
-    #: single 100 KB reads timed one by one per contender and pass (bench/latency.py)
-    latency_reads: int = 2_000
-    #: seconds after which a latency pass stops (None: all its reads)
-    latency_cap_s: float | None = None
-    #: the parquet workload's file (bytes; its row groups: see bench/parquet.py)
-    parquet_size: int = 160_000_000
-    #: the 100 KB objects the gateway workload reads (None: as many as it takes)
-    gateway_keys: int | None = None
-    #: seconds after which a warm pass stops and is rated on what it read (the slowest
-    #: peers would otherwise need hours), and the same for a cold pass; a peer whose cold
-    #: pass was stopped reads only what it cached in its warm passes (see workloads.py)
-    cap_s: float = 20.0
-    cold_cap_s: float = 45.0
-    #: the scale workload (bench/scale.py): file counts, file sizes (bytes, log-uniform),
-    #: reader processes, and the cap on each warm epoch (seconds)
-    scale_files: tuple[int, ...] = (100_000, 1_000_000)
-    scale_lo: int = 4_096
-    scale_hi: int = 16_384
-    scale_readers: int = 4
-    scale_cap_s: float = 60.0
-    contenders: list[str] = field(default_factory=list)  # empty: all available
-    workloads: list[str] = field(default_factory=list)  # empty: all
-
-    @classmethod
-    def make(cls, quick: bool, **kw: Any) -> Config:
-        if quick:
-            base = dict(
-                quick=True, store="moto", small_files=2_000, mix_files=150,
-                large_size=32 << 20, procs=2, warm_reps=3, cold_reps=1,
-                train_images=200, train_batch=16, train_epochs=1, meta_stats=100, latency_reads=200, cap_s=3.0,
-                cold_cap_s=6.0, latency_cap_s=3.0, gateway_keys=400,
-                parquet_size=24_000_000, scale_files=(10_000, 100_000), scale_cap_s=10.0,
-            )  # fmt: skip
-            base.update(kw)
-            return cls(**base)  # type: ignore[arg-type]
-        return cls(**kw)
 
 
 def machine() -> dict[str, Any]:
@@ -193,7 +133,7 @@ class Suite:
         if self._want("train"):
             self.setup_images(local, marker)
         self.report.link = measure_link(
-            self.link, cfg.rate_mbit, cfg.delay_ms, 1.5 if cfg.quick else 3.0
+            self.link, cfg.rate_mbit, cfg.delay_ms, cfg.link_seconds, cfg.every_link_path
         )
         for row in self.report.link:
             self.say(f"link: {row['path']}: {row['mb_per_s']} MB/s, rtt {row['rtt_ms']} ms")
@@ -359,7 +299,7 @@ class Suite:
         Passes(self.cfg, self._measure, self._want).run(c, small, mix, spec.large_size)
         cfg = self.cfg
         if self._want("meta") and c.lister() is not None:
-            dirs = sorted({k.rsplit("/", 1)[0] for k in small})
+            dirs = sorted({k.rsplit("/", 1)[0] for k in small})[: cfg.meta_dirs]
             stats = runner.shuffled(small, 9)[: cfg.meta_stats]
             for phase, cold in (("cold", True), ("warm", False)):
                 if cold:
@@ -431,6 +371,8 @@ class Suite:
         assert self.env is not None
         with self.section("set-up"):
             self.shoal_cold()
+            if self.cfg.quick:  # the full run keeps its readers' imports as they were
+                self.say(f"reader libraries imported once: {runner.preload():.1f}s")
         cs = self.contenders()
         # the link check at the epoch level: raw GETs without the shaper
         if "boto3" in [c.name for c in cs] and self._want("small"):
