@@ -82,13 +82,13 @@ class _Conn:
         EOFError or ProtocolError when the connection is unusable."""
         rid, sock = self.req_id, self.sock
         hdr = bytearray(wire.RESP_HDR.size)
-        _recv_into(sock, memoryview(hdr))
+        wire.recv_exactly(sock, memoryview(hdr))
         self.answered = True
         status, req_id, epoch, meta_len, data_len = wire.RESP_HDR.unpack(hdr)
         if req_id != rid:
             raise ProtocolError(f"response {req_id} for request {rid}")
         meta = bytearray(meta_len)
-        _recv_into(sock, memoryview(meta))
+        wire.recv_exactly(sock, memoryview(meta))
         data = _recv_bytes(sock, data_len, self.tls) if data_len else b""
         return status, epoch, meta, data
 
@@ -99,21 +99,13 @@ class _Conn:
             pass
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    while view:
-        n = sock.recv_into(view)
-        if n == 0:
-            raise EOFError("worker closed the connection")
-        view = view[n:]
-
-
 def _recv_bytes(sock: socket.socket, n: int, tls: bool) -> bytes:
     """``n`` bytes: on a plain socket one ``recv(MSG_WAITALL)`` into the bytes object
     itself; a short one (a signal, a debugger's stop, the receive timeout) is completed
     and joined (one copy)."""
     if tls:  # records of at most 16 KB: into one buffer, one copy out
         buf = bytearray(n)
-        _recv_into(sock, memoryview(buf))
+        wire.recv_exactly(sock, memoryview(buf))
         return bytes(buf)
     parts = []
     left = n

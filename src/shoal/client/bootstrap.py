@@ -3,7 +3,9 @@ ring and a dataset's definition, over blocking HTTP GETs on the caller's thread
 (:mod:`shoal.client.direct`), and how a ring answer is read (shared with the async
 control plane, :mod:`shoal.client.control`).
 
-Deliberately small: plain ``http://`` masters only, one GET per connection
+Not :mod:`shoal.proto.lighthttp` (asyncio streams: the import and the loop thread this
+path exists to avoid) nor ``http.client`` (it imports ``ssl`` and ``email``, tens of
+milliseconds of a new process). Deliberately small: plain ``http://`` masters only, one GET per connection
 (``Connection: close``), answers delimited by Content-Length, chunked coding or the
 connection's end. Anything else -- https, credentials in the URL, an answer that is
 not a 200 with JSON -- raises :class:`NotPlain`, and the caller leaves the request to

@@ -27,7 +27,6 @@ busy fetching keeps the request going (probed again every ``PROBE_EVERY``).
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import mmap
@@ -47,7 +46,6 @@ from shoal.proto.messages import HelloReply, HelloRequest, Request, decode_reply
 #: smallest receive buffer a connection keeps (grown to the largest response, power of 2)
 _MIN_BUF = 1 << 20
 _MAX_BUF = 16 << 20
-_FD_ANC = socket.CMSG_SPACE(wire.MAX_FDS * array.array("i").itemsize)
 #: seconds a request runs before the worker's liveness is probed, and the probe's own
 #: timeout: a thirtieth of the request's deadline, at least PROBE_MIN (1 s for the
 #: default 30 s deadline: a hung worker is left within ~3 s)
@@ -303,7 +301,7 @@ class Connection:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                n, anc, _flags, _ = self.sock.recvmsg_into([view], _FD_ANC)
+                n, anc, _flags, _ = self.sock.recvmsg_into([view], wire.FD_ANC)
             except BlockingIOError:
                 fut: asyncio.Future[None] = loop.create_future()
                 fd = self.sock.fileno()
@@ -316,11 +314,7 @@ class Connection:
             if n == 0:
                 raise EOFError("worker closed the connection")
             self.answered = True
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    a = array.array("i")
-                    a.frombytes(payload[: len(payload) - (len(payload) % a.itemsize)])
-                    fds.extend(a)
+            fds.extend(wire.fds_of(anc))
             return n
 
 

@@ -24,7 +24,6 @@ and raises as it always does. The sync client uses this only while it has no loo
 from __future__ import annotations
 
 import _thread
-import array
 import os
 import socket
 import sys
@@ -57,8 +56,6 @@ from shoal.proto.messages import (
     decode_reply,
     encode_request,
 )
-
-_FD_ANC = socket.CMSG_SPACE(wire.MAX_FDS * array.array("i").itemsize)
 
 
 def probe_after(timeout: float) -> float:
@@ -96,34 +93,23 @@ class _Uds:
         fds: list[int] = []
         try:
             if want_fds:
-                n, anc, _flags, _ = self.sock.recvmsg_into([view], _FD_ANC)
-                for level, kind, payload in anc:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                        a = array.array("i")
-                        a.frombytes(payload[: len(payload) - (len(payload) % a.itemsize)])
-                        fds.extend(a)
+                n, anc, _flags, _ = self.sock.recvmsg_into([view], wire.FD_ANC)
+                fds.extend(wire.fds_of(anc))
                 if n == 0:
                     raise EOFError("worker closed the connection")
                 view = view[n:]
-            self._recv_into(view)
+            wire.recv_exactly(self.sock, view)
             status, req_id, epoch, meta_len, data_len = wire.RESP_HDR.unpack(hdr)
             if req_id != rid:
                 raise ProtocolError(f"response {req_id} for request {rid}")
             meta = bytearray(meta_len)
-            self._recv_into(memoryview(meta))
+            wire.recv_exactly(self.sock, memoryview(meta))
             if data_len:  # no located answer carries data: read past it all the same
-                self._recv_into(memoryview(bytearray(data_len)))
+                wire.recv_exactly(self.sock, memoryview(bytearray(data_len)))
             return decode_reply(req, status, meta), epoch, fds
         except BaseException:
             _close_all(fds)
             raise
-
-    def _recv_into(self, view: memoryview) -> None:
-        while view:
-            n = self.sock.recv_into(view)
-            if n == 0:
-                raise EOFError("worker closed the connection")
-            view = view[n:]
 
     def close(self) -> None:
         try:
@@ -188,7 +174,7 @@ class DirectReads:
                 raise _Skip  # a refresh is due: the loop's
             return hit[0]
         asks = ([api.RING] if c.ring is None else []) + ([] if hit else [api.dataset_path(name)])
-        got = master_get(self.settings.master, asks, self._master_token())  # at once
+        got = master_get(self.settings.master, asks, self._token_now())  # at once
         answers = dict(zip(asks, got, strict=True))
         if api.RING in answers:
             ring, workers, _gen = parse_ring(answers[api.RING])
@@ -344,7 +330,9 @@ class DirectReads:
             return conn
         conn = _Uds(w.uds, probe_after(self.settings.request_timeout))
         try:
-            hello, _epoch, _fds = conn.call(self._hello())
+            token = self._token_now()
+            hello_req = HelloRequest(token=token) if token else HelloRequest()
+            hello, _epoch, _fds = conn.call(hello_req)
             wire.check_hello(hello.version, w.uds)
             if hello.worker != w.id:
                 raise Unavailable(f"the worker at {w.uds} is {hello.worker!r}, not {w.id!r}")
@@ -354,13 +342,6 @@ class DirectReads:
         conns[w.id] = conn
         self._all.add(conn)
         return conn
-
-    def _hello(self) -> HelloRequest:
-        """The HELLO of this client (its token, as the async pools send it)."""
-        if not self._token_known:
-            self._token = token_for(self.settings.master)
-            self._token_known = True
-        return HelloRequest(token=self._token) if self._token else HelloRequest()
 
     def _drop(self, w: WorkerAddr, conn: _Uds) -> None:
         conn.close()
@@ -389,7 +370,9 @@ class DirectReads:
 
     # -- the master -------------------------------------------------------------------
 
-    def _master_token(self) -> str | None:
+    def _token_now(self) -> str | None:
+        """This client's token, for the master and the HELLO (as the async pools send
+        it): looked up once."""
         if not self._token_known:
             self._token = token_for(self.settings.master)
             self._token_known = True

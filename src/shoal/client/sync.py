@@ -55,17 +55,11 @@ class Client:
 
     @property
     def _aio(self) -> AsyncClient:
-        made = self._made
-        if made is None:
-            made = self._make()
-        return made[0]
+        return (self._made or self._make())[0]
 
     @property
     def _blocking(self) -> BlockingReads:
-        made = self._made
-        if made is None:
-            made = self._make()
-        return made[1]
+        return (self._made or self._make())[1]
 
     def _make(self) -> tuple[AsyncClient, BlockingReads]:
         """Build the async client (imports asyncio and the async parts: on first use)."""

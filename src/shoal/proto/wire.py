@@ -107,7 +107,9 @@ silent, slow or garbage handshake holds nothing for long.
 
 from __future__ import annotations
 
+import array
 import os
+import socket
 import struct
 from enum import IntEnum
 from typing import Any
@@ -249,6 +251,33 @@ def check_op(op: int) -> Op:
         return Op(op)
     except ValueError:
         raise ProtocolError(f"unknown op {op}") from None
+
+
+# -- receiving ----------------------------------------------------------------------
+
+#: ancillary space for the most descriptors one answer hands over
+FD_ANC = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+
+
+def fds_of(anc: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors an answer handed over (SCM_RIGHTS), from ``recvmsg``'s ancillary
+    data."""
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(payload[: len(payload) - (len(payload) % a.itemsize)])
+            fds.extend(a)
+    return fds
+
+
+def recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from a blocking socket; EOFError when the peer closes first."""
+    while view:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise EOFError("worker closed the connection")
+        view = view[n:]
 
 
 # -- versions ---------------------------------------------------------------------
