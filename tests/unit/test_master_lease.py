@@ -81,3 +81,9 @@ def test_a_replaced_lock_file_is_not_ours(tmp_path: Path) -> None:
     assert other.still_ours()
     other.release()
     lock.release()
+
+
+def test_a_state_dir_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_bytes(b"")
+    with pytest.raises(InvalidArgument, match=r"state directory .*afile: File exists"):
+        StateLock(str(tmp_path / "afile"))

@@ -43,7 +43,10 @@ class StateLock:
     """The exclusive lock on one state directory (see the module docstring)."""
 
     def __init__(self, state_dir: str) -> None:
-        os.makedirs(state_dir, exist_ok=True)
+        try:
+            os.makedirs(state_dir, exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgument(f"state directory {state_dir}: {exc.strerror}") from None
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, LOCK_NAME)
         self.token = secrets.token_hex(8)
