@@ -136,3 +136,49 @@ def test_cat_many_asks_remote_workers_on_the_callers_thread(
         assert got["/ds/data/big.bin"] == files["big.bin"]
         assert isinstance(got["/ds/data/nope.bin"], NotFound)
         assert all(got[p] == files[p.removeprefix("/ds/data/")] for p in small[:5])
+
+
+def test_sequential_reads_are_pipelined_and_exact_when_interleaved(
+    moto: MotoServer, cluster: TestCluster, bucket: str
+) -> None:
+    """A sequential reader sends its next window's request ahead; another read of the
+    same thread to the same worker first receives that answer and keeps it as
+    read-ahead bytes; nothing is ever sent past the end."""
+    rng = random.Random(14)
+    big = rng.randbytes(40 * MiB + 5)
+    small = {f"s/{i:02d}.bin": rng.randbytes(rng.randrange(1, 90_000)) for i in range(40)}
+    make_bucket(moto.endpoint, bucket, {"big.bin": big, **small})
+    cluster.s3_dataset(bucket, moto.endpoint)
+    paths = [f"/ds/data/{k}" for k in small]
+    with cluster.client(short_circuit=False) as c:
+        assert c.read(PATH, 0, -1) == big  # caches it; learns dataset, ring, file
+        assert c.cat_many(paths) == {p: small[p.removeprefix("/ds/data/")] for p in paths}
+        hops = _count_hops(c)
+        blocking: BlockingReads = c._blocking
+        ds, key = _ds_key(c)
+        owner = blocking.owner(ds, key, 0.0)
+        assert owner is not None
+        ahead = c.aio._ahead
+        beside = [p for p in paths if blocking.owner(ds, p.removeprefix("/ds/"), 0.0) == owner]
+        assert c.read(PATH, 0, MiB) == big[:MiB]
+        off, set_aside = MiB, 0
+        while off < len(big):
+            assert c.read(PATH, off, MiB) == big[off : off + MiB]
+            off += MiB
+            conn = blocking._local.conns[owner.id]
+            if conn.ahead is not None and beside:
+                # another file of the same worker first: the answer in flight is kept
+                p = beside[set_aside % len(beside)]
+                sent = conn.ahead.req.offset
+                assert c.read(p) == small[p.removeprefix("/ds/data/")]
+                assert conn.ahead is None
+                assert ahead._entries[("ds", key)].start == sent
+                set_aside += 1
+            if off == 20 * MiB:  # cat_many on the same connection: the same
+                assert c.read(PATH, off, MiB) == big[off : off + MiB]
+                off += MiB
+                got = c.cat_many(paths)
+                assert got == {p: small[p.removeprefix("/ds/data/")] for p in paths}
+        assert set_aside >= 2, "no read was ever sent ahead"
+        assert blocking._local.conns[owner.id].ahead is None  # nothing past the end
+        assert hops[0] == 0, f"{hops[0]} reads hopped to the loop thread"

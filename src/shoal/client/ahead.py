@@ -84,13 +84,17 @@ class Ahead:
         return e.data[offset - e.start : end - e.start]
 
     def wanted(self, ds: Dataset, path: str, offset: int, length: int) -> bool:
-        """Whether this read should ask for AHEAD bytes: the second in a row to start
-        where the last one ended, shorter than AHEAD, and no other read of the file in
-        flight."""
+        """Whether this read should ask for AHEAD bytes: a :meth:`sequential` one
+        shorter than AHEAD."""
+        return 0 < length < AHEAD and self.sequential(ds, path, offset)
+
+    def sequential(self, ds: Dataset, path: str, offset: int) -> bool:
+        """Whether a read at ``offset`` is the second in a row to start where the last
+        one ended, with no other read of the file in flight (and the dataset's
+        staleness lets bytes be read ahead)."""
         key = (ds.name, path)
         return (
-            0 < length < AHEAD
-            and ds.policy.staleness != 0  # 'always': every read asks the worker
+            ds.policy.staleness != 0  # 'always': every read asks the worker
             and self._next_at.get(key) == offset
             and not self._reading.get(key)
         )

@@ -162,8 +162,10 @@ def _limit(name: str, default: int | float) -> Any:
 #   connecting is closed, and until it has, none of its frames may exceed MAX_HELLO
 #   bytes (an unauthenticated peer gets no large buffers);
 # - a connection whose peer sends while its request is in flight, or does not take its
-#   answers, is not read until it does (one request in flight per connection: no
-#   client sends ahead), so neither requests nor answers pile up in the worker;
+#   answers, is not read until it does (the worker answers one request at a time, in
+#   order), so neither requests nor answers pile up in the worker: a client that sends
+#   ahead (the sync client pipelines a sequential reader's next READ) is held to what
+#   the kernel buffers;
 # - lists are bounded: MAX_BATCH paths per BATCH, MAX_TOUCH_ITEMS items per TOUCH,
 #   MAX_TOUCH_PAGES pages bumped per TOUCH item (and 4x that per frame), MAX_AHEAD_PAGES
 #   pages a LOCATE looks ahead; arguments have the types and ranges of their op, else

@@ -182,8 +182,8 @@ class Conn(asyncio.Protocol):
         self.ticks += 1
         self.buf += data
         if self.busy or self._sending or self._wpaused:
-            # one request in flight per connection, and its answer not yet taken: no
-            # client sends ahead, so whoever does is held to what the kernel buffers
+            # one request answered at a time per connection, and its answer not yet
+            # taken: what a client sends ahead waits in the kernel's buffers
             if not self._paused:
                 self.transport.pause_reading()
                 self._paused = True

@@ -267,11 +267,15 @@ class Ops:
         self.stats.touched(dataset, files, nbytes)
         return Answer(DONE)
 
-    async def batch(self, dataset: str, paths: tuple[str, ...], local: bool) -> Answer:
-        if len(paths) > wire.MAX_BATCH:
-            raise InvalidArgument(f"batch of {len(paths)} files: at most {wire.MAX_BATCH}")
-        ds = self.loader.table.get(dataset)
+    def batch_cached(self, dataset: str, paths: tuple[str, ...], local: bool) -> Answer | None:
+        """A BATCH answered on the spot (no task) when every file in it is cached or
+        answers an error, else None: :meth:`batch`."""
+        results = self._cached(dataset, paths, True)
+        if results is None:
+            return None
+        return self._batch_answer(dataset, paths, results, local)
 
+    async def batch(self, dataset: str, paths: tuple[str, ...], local: bool) -> Answer:
         async def one(path: str) -> Pages | ShoalError:
             try:
                 fast = self.loader.try_cached(dataset, path, None, 0, -1)
@@ -282,17 +286,42 @@ class Ops:
                 return exc
 
         # the cached ones on the spot; a task each only for what must be fetched
-        results: list[Pages | ShoalError | None] = []
-        for name in paths:
-            try:
-                results.append(self.loader.try_cached(dataset, name, None, 0, -1))
-            except ShoalError as exc:
-                results.append(exc)
+        results = self._cached(dataset, paths, False)
+        assert results is not None
         slow = [i for i, r in enumerate(results) if r is None]
         if slow:
             got = await asyncio.gather(*(one(paths[i]) for i in slow))
             for i, r in zip(slow, got, strict=True):
                 results[i] = r
+        return self._batch_answer(dataset, paths, results, local)
+
+    def _cached(
+        self, dataset: str, paths: tuple[str, ...], whole: bool
+    ) -> list[Pages | ShoalError | None] | None:
+        """Each path's cached pages, error, or None (not cached); with ``whole``, None
+        at the first file not cached."""
+        if len(paths) > wire.MAX_BATCH:
+            raise InvalidArgument(f"batch of {len(paths)} files: at most {wire.MAX_BATCH}")
+        try_cached = self.loader.try_cached
+        results: list[Pages | ShoalError | None] = []
+        for name in paths:
+            try:
+                r: Pages | ShoalError | None = try_cached(dataset, name, None, 0, -1)
+            except ShoalError as exc:
+                r = exc
+            if r is None and whole:
+                return None
+            results.append(r)
+        return results
+
+    def _batch_answer(
+        self,
+        dataset: str,
+        paths: tuple[str, ...],
+        results: list[Pages | ShoalError | None],
+        local: bool,
+    ) -> Answer:
+        ds = self.loader.table.get(dataset)
         items: list[BatchItem] = []
         pieces: list[Piece] = []
         fetched = False

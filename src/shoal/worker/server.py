@@ -333,6 +333,8 @@ class DataService:
             return ops.locate_dir(req.dataset, req.directory)
         if isinstance(req, TouchRequest):
             return ops.touch(req.dataset, req.items)
+        if isinstance(req, BatchRequest):
+            return ops.batch_cached(req.dataset, req.paths, local)
         return None
 
     # -- slow path ------------------------------------------------------------------
