@@ -93,8 +93,12 @@ async def test_s3_ranged_reads_through_counting_proxy(moto: MotoServer, tmp_path
         proxy.reset()
         for i in range(4):
             assert await store.read("f.bin", i * 1024, (i + 1) * 1024, version) == b"x" * 1024
-        assert proxy.counts() == {"GET": 4, "GET_range": 4}
-        assert proxy.counts_for(f"{bucket}/f.bin") == {"GET": 4, "GET_range": 4}
+        assert proxy.counts() == {"GET": 4, "GET_range": 4, "GET_range_bytes": 4096}
+        assert proxy.counts_for(f"{bucket}/f.bin") == {
+            "GET": 4,
+            "GET_range": 4,
+            "GET_range_bytes": 4096,
+        }
         await store.close()
 
 

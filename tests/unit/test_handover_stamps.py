@@ -247,3 +247,29 @@ def test_pages_apart_are_read_one_by_one(tmp_path: Path, settled: None) -> None:
     short = [PageLoc(a.fdkey, 0, PS - 1, 0, "w", PS), c.locs[keys[1]]]
     got = local._pages(c, keys[:2], short, 0, 2 * PS)
     assert got is None or len(got) != 2 * PS
+
+
+def test_a_file_still_being_written_is_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data file written to moments ago (a cold reader's pages still being appended)
+    is left to its readers' own checks: reading it back now would be in vain."""
+    path, pages = _data_file(tmp_path)
+    v = Verified()
+
+    async def go() -> None:
+        h = _handover(path)
+        try:
+            assert v.stamps(h, [pages], lambda p, b: None) == [0]
+            assert not v._tasks  # no check started
+            # settled: the next answer starts the check
+            ctime = h.ctimes[0]
+            monkeypatch.setattr(handover, "_coarse_now", lambda: ctime + handover.SETTLE_NS)
+            assert v.stamps(h, [pages], lambda p, b: None) == [0]
+            assert v._tasks
+            while v._tasks:
+                await asyncio.sleep(0.01)
+        finally:
+            h.abort()
+
+    asyncio.run(go())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from shoal.core.types import CachePolicy, Dataset, FileInfo, Mount
-from shoal.worker.prefetch import WHOLE_AFTER, Prefetcher
+from shoal.worker.prefetch import RUN_BYTES, WHOLE_AFTER, Prefetcher
 
 MiB = 1 << 20
 
@@ -18,13 +18,18 @@ class Fake:
         self.fetched: list[int] = []
         self.inflight: set[int] = set()
         self.gate = asyncio.Event()
+        #: (first page, pages) of each fetch: one GET each
+        self.calls: list[tuple[int, int]] = []
 
-    async def fetch(self, ds: Dataset, info: FileInfo, index: int) -> None:
-        assert index not in self.fetched, f"page {index} fetched twice"
-        self.inflight.add(index)
+    async def fetch(self, ds: Dataset, info: FileInfo, index: int, count: int) -> None:
+        pages = range(index, index + count)
+        for i in pages:
+            assert i not in self.fetched and i not in self.inflight, f"page {i} fetched twice"
+        self.calls.append((index, count))
+        self.inflight.update(pages)
         await self.gate.wait()
-        self.inflight.discard(index)
-        self.fetched.append(index)
+        self.inflight.difference_update(pages)
+        self.fetched.extend(pages)
 
     def skip(self, ds: Dataset, info: FileInfo, index: int) -> bool:
         return index in self.fetched or index in self.inflight
@@ -104,5 +109,36 @@ def test_readahead_zero_fetches_nothing_ahead() -> None:
             pf.on_read(ds, info, range(page, page + 1), True)
             await asyncio.sleep(0)
         assert not fake.inflight and not pf.jobs
+
+    asyncio.run(go())
+
+
+def test_adjacent_pages_due_are_fetched_in_one_get() -> None:
+    """A window of pages ahead goes out as runs of up to RUN_BYTES, never across a page
+    that is cached or in flight, and the bounds count pages, not GETs."""
+
+    async def go() -> None:
+        fake = Fake()
+        pf = Prefetcher(fake.fetch, fake.skip, lambda: 1 << 40, budget=64, per_file=64)
+        run = RUN_BYTES // MiB
+        ds, info = _ds(4 * run), FileInfo("data/f", 100 * MiB, "v1")
+        fake.fetched.append(3 * run)  # cached already: a run stops short of it
+        pf.on_read(ds, info, range(0, 1), True)
+        pf.on_read(ds, info, range(1, 2), True)
+        for page in range(2, 6 * run):
+            await _settle(fake, pf)
+            pf.on_read(ds, info, range(page, page + 1), False)
+        await _settle(fake, pf)
+        assert max(n for _, n in fake.calls) == run  # runs, at most RUN_BYTES each
+        assert all(not (i <= 3 * run < i + n) for i, n in fake.calls)
+        assert sorted(fake.fetched) == list(range(1, max(fake.fetched) + 1))  # each page once
+        # a small budget: at most that many pages in flight, whatever the run size
+        fake2 = Fake()
+        pf2 = Prefetcher(fake2.fetch, fake2.skip, lambda: 1 << 40, budget=3, per_file=64)
+        pf2.on_read(ds, FileInfo("data/g", 100 * MiB, "v1"), range(0, 1), True)
+        pf2.on_read(ds, FileInfo("data/g", 100 * MiB, "v1"), range(1, 2), True)
+        await asyncio.sleep(0)
+        assert 0 < len(fake2.inflight) <= 3
+        await _settle(fake2, pf2)
 
     asyncio.run(go())

@@ -61,3 +61,40 @@ async def test_cancelled_waiter_does_not_cancel_the_flight() -> None:
         await joiner
     gate.set()
     assert await owner == 7
+
+
+def test_do_many_answers_every_key_it_claimed_with_one_computation() -> None:
+    async def go() -> None:
+        sf: SingleFlight[str] = SingleFlight()
+        gate = asyncio.Event()
+        calls = []
+
+        async def many() -> list[str]:
+            calls.append("many")
+            await gate.wait()
+            return ["a!", "b!", "c!"]
+
+        async def own() -> str:
+            await gate.wait()
+            return "b (own)"
+
+        b_own = asyncio.create_task(sf.do("b", own))  # already in flight: keeps its own
+        await asyncio.sleep(0)
+        run = asyncio.create_task(sf.do_many(["a", "b", "c"], many))
+        await asyncio.sleep(0)
+        joined = [asyncio.create_task(sf.do(k, own)) for k in ("a", "c")]
+        await asyncio.sleep(0)
+        gate.set()
+        assert await run == ["a!", "b!", "c!"]
+        assert [await j for j in joined] == ["a!", "c!"]  # waited on the run, not own()
+        assert await b_own == "b (own)"
+        assert calls == ["many"] and len(sf) == 0
+
+        async def fails() -> list[str]:
+            raise ValueError("store down")
+
+        with pytest.raises(ValueError):
+            await sf.do_many(["x", "y"], fails)
+        assert len(sf) == 0
+
+    asyncio.run(go())

@@ -52,3 +52,34 @@ class SingleFlight(Generic[T]):
             return result
         finally:
             self._inflight.pop(key, None)
+
+    async def do_many(self, keys: list[Hashable], fn: Callable[[], Awaitable[list[T]]]) -> list[T]:
+        """One computation answering several keys at once (``fn`` returns one result per
+        key, in order): every key not already in flight is claimed before it starts, so
+        their callers wait on it; a key already in flight keeps its own flight (what
+        ``fn`` computes for it is returned to this caller only)."""
+        loop = asyncio.get_running_loop()
+        mine: dict[int, asyncio.Future[T]] = {}
+        for i, key in enumerate(keys):
+            if key not in self._inflight:
+                mine[i] = self._inflight[key] = loop.create_future()
+        self.started += 1
+        try:
+            results = await fn()
+        except BaseException as exc:
+            for fut in mine.values():
+                if not fut.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        fut.cancel()
+                    else:
+                        fut.set_exception(exc)
+                        fut.exception()  # mark retrieved: waiters may be none
+            raise
+        else:
+            for i, fut in mine.items():
+                fut.set_result(results[i])
+            return results
+        finally:
+            for i in mine:
+                if self._inflight.get(keys[i]) is mine[i]:
+                    del self._inflight[keys[i]]

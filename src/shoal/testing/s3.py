@@ -153,7 +153,8 @@ class CountingProxy:
     """A reverse proxy in front of an S3 endpoint that counts requests.
 
     Counts are keyed by method, plus ``<METHOD>_range`` for requests with a Range
-    header; ``counts_for(path)`` gives the same per request path (``bucket/key``).
+    header and ``<METHOD>_range_bytes`` for the bytes those asked for; ``counts_for(path)``
+    gives the same per request path (``bucket/key``).
     Runs its own event loop on a daemon thread; start/stop are explicit.
     """
 
@@ -185,14 +186,22 @@ class CountingProxy:
 
     def _count(self, request: web.Request) -> None:
         keys = [request.method]
-        if "Range" in request.headers:
+        rng = request.headers.get("Range", "")
+        asked = 0
+        if rng:
             keys.append(f"{request.method}_range")
+            first, _, last = rng.removeprefix("bytes=").partition("-")
+            if first.isdigit() and last.isdigit():
+                asked = int(last) - int(first) + 1
         path = request.path.strip("/")
         with self._lock:
             per = self._by_path.setdefault(path, collections.Counter())
             for k in keys:
                 self._total[k] += 1
                 per[k] += 1
+            if asked:  # bytes the ranged requests asked for ("bytes=a-b" ones)
+                self._total[f"{request.method}_range_bytes"] += asked
+                per[f"{request.method}_range_bytes"] += asked
 
     # -- serving --------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from shoal.core.manifest import Manifest
 from shoal.core.paging import is_small, page_count, page_len, pages_for_range
 from shoal.core.singleflight import SingleFlight
 from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
-from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion
+from shoal.errors import CorruptData, IsADirectory, ShoalError, StaleVersion, StoreError
 from shoal.store.base import CacheStore, Location, PutMeta
 from shoal.worker import batchload
 from shoal.worker.datasets import DatasetTable
@@ -93,7 +93,7 @@ class Loader:
         #: readahead and whole-file fetches in the background (below our own bound,
         #: so that a reader's own GETs always find room)
         self.prefetch = Prefetcher(
-            self._page,
+            self._run_of_pages,
             self._known,
             lambda: self.store.usage().capacity,
             budget=max(1, concurrency // 2),
@@ -371,6 +371,41 @@ class Loader:
         # one fetch per page *of a layout*: a fetch begun under the old page size must
         # not answer a reader of the new one
         return await self._pages.do((key, ds.policy.page_size), fetch)
+
+    async def _run_of_pages(self, ds: Dataset, info: FileInfo, first: int, count: int) -> None:
+        """Pages ``first .. first+count-1`` of one version in ONE ranged GET (the
+        prefetcher's: per-request costs of the store and of this worker are paid once
+        per run, not per page), each page single-flight as :meth:`_page` fetches it. A
+        run of one page, or one whose pages a previous owner may hold, is :meth:`_page`."""
+        if count == 1 or (self.peers is not None and self.peers.may_hold(ds, info.path)):
+            await asyncio.gather(*(self._page(ds, info, i) for i in range(first, first + count)))
+            return
+        ps = ds.policy.page_size
+        fk = FileKey(ds.name, info.path, info.version)
+        keys: list[Hashable] = [(fk.page(i), ps) for i in range(first, first + count)]
+
+        async def fetch() -> list[Piece]:
+            _, ufs, rel = self.table.resolve(ds.name, info.path)
+            start = first * ps
+            end = min(info.size, (first + count) * ps)
+            async with self._slot():
+                self.ufs_gets += 1
+                try:
+                    data = await ufs.read(rel, start, end, info.version)
+                except StaleVersion:
+                    self._version_gone(ds, info)
+                    raise
+            if len(data) != end - start:
+                raise StoreError(f"{info.path}: {len(data)} bytes for a range of {end - start}")
+            view = memoryview(data)
+            out: list[Piece] = []
+            for i in range(first, first + count):
+                part = bytes(view[(i - first) * ps : (i - first + 1) * ps])
+                self._put(ds, info, fk.page(i), part)
+                out.append(self.located(ds, info, i) or part)
+            return out
+
+        await self._pages.do_many(keys, fetch)
 
     def _known(self, ds: Dataset, info: FileInfo, index: int) -> bool:
         """Whether page ``index`` is cached or being fetched (no background fetch then)."""

@@ -198,6 +198,11 @@ class Peers:
         else:
             link.close()
 
+    def may_hold(self, ds: Dataset, path: str) -> bool:
+        """Whether a previous owner may hold pages of ``/ds/path`` (then each page is
+        asked of it before under storage)."""
+        return bool(self.view.candidates(ds, path))
+
     async def page(
         self, ds: Dataset, path: str, version: str | None, index: int
     ) -> tuple[FileInfo, bytes] | None:

@@ -41,9 +41,13 @@ WHOLE_CAP = 1 << 30
 WHOLE_AFTER = 4
 #: files tracked at once (the oldest is forgotten first)
 MAX_JOBS = 1024
+#: bytes of adjacent pages fetched in one GET (per-request costs, the store's and the
+#: worker's, paid once per run); the per-file and per-worker bounds count pages
+RUN_BYTES = 4 << 20
 
-#: fetch(ds, info, index): page ``index`` into the store (the loader's single-flight)
-Fetch = Callable[[Dataset, FileInfo, int], Awaitable[object]]
+#: fetch(ds, info, index, count): pages ``index .. index+count-1`` into the store, in
+#: one ranged GET (the loader's, single-flight per page)
+Fetch = Callable[[Dataset, FileInfo, int, int], Awaitable[object]]
 #: skip(ds, info, index): whether the page is cached or already being fetched
 Skip = Callable[[Dataset, FileInfo, int], bool]
 
@@ -152,27 +156,44 @@ class Prefetcher:
             job.issued += 1
             if self._skip(job.ds, job.info, i):
                 continue
-            job.inflight += 1
-            self.active += 1
-            self.issued += 1
-            task = asyncio.get_running_loop().create_task(self._run(job, i))
+            # the pages after it that are due, not known and in the same order: one GET
+            n = 1
+            most = min(self.run_pages(job.ds), self.per_file - job.inflight,
+                       self.budget - self.active, job.limit - job.issued + 1)  # fmt: skip
+            while (
+                n < most
+                and i + n < job.total
+                and (job.start + job.issued) % job.total == i + n
+                and not self._skip(job.ds, job.info, i + n)
+            ):
+                job.issued += 1
+                n += 1
+            job.inflight += n
+            self.active += n
+            self.issued += n
+            task = asyncio.get_running_loop().create_task(self._run(job, i, n))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if job.issued >= job.total and job.inflight == 0:
             self._drop(job)
 
-    async def _run(self, job: Job, index: int) -> None:
+    @staticmethod
+    def run_pages(ds: Dataset) -> int:
+        """Pages fetched in one GET: :data:`RUN_BYTES` of them (at least one)."""
+        return max(1, RUN_BYTES // ds.policy.page_size)
+
+    async def _run(self, job: Job, index: int, count: int) -> None:
         try:
-            await self._fetch(job.ds, job.info, index)
+            await self._fetch(job.ds, job.info, index, count)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # advisory: the reader meets the error on its own read
-            log.debug("prefetch of %s page %d failed: %s", job.info.path, index, exc)
+            log.debug("prefetch of %s pages %d+%d failed: %s", job.info.path, index, count, exc)
             job.limit = job.issued  # issue nothing more for this version
             self._drop(job)
         finally:
-            job.inflight -= 1
-            self.active -= 1
+            job.inflight -= count
+            self.active -= count
         self._pump(job)
         if self.active < self.budget:
             for other in list(self.jobs.values()):
