@@ -81,6 +81,44 @@ def test_master_keeps_its_state_on_a_claim_and_honours_placement(
     assert master["readinessProbe"]["httpGet"]["path"] == "/api/v1/health"
 
 
+def test_a_standby_master_shares_one_rwx_claim_and_every_process_knows_both(
+    chart: Any, find_doc: Callable[..., Doc], container_of: Callable[[Doc, str], Doc]
+) -> None:
+    docs = chart.template(CHART / "examples" / "standby.yaml")
+    sts = find_doc(docs, "StatefulSet", "-master")
+    spec = sts["spec"]
+    assert spec["replicas"] == 2 and "volumeClaimTemplates" not in spec
+    pvc = find_doc(docs, "PersistentVolumeClaim", "-master-state")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["storageClassName"] == "cephfs"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    pod = spec["template"]["spec"]
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    assert state == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"]},
+    }
+    master = container_of(sts, "master")
+    assert "--standby" in master["args"]
+    # a waiting standby binds no port: an HTTP probe would restart it, or hold a rolling
+    # update forever; `shoal master probe` passes it and fails a hung active master
+    probe = ["shoal", "master", "probe", "--state-dir=/var/lib/shoal/master"]
+    assert master["livenessProbe"]["exec"]["command"] == probe
+    assert master["readinessProbe"]["exec"]["command"] == probe
+    assert pod["affinity"]["podAntiAffinity"]  # apart where the scheduler can
+    # workers, the mount pod and the operator are given both masters
+    svc = "shoal-master"
+    both = ",".join(f"http://{svc}-{i}.{svc}-headless.shoal-system.svc:19999" for i in range(2))
+    worker = container_of(find_doc(docs, "DaemonSet", "-worker"), "worker")
+    assert {"name": "SHOAL_MASTER", "value": both} in worker["env"]
+    operator = container_of(find_doc(docs, "Deployment", "-operator"), "operator")
+    assert f"--master={both}" in operator["args"]
+    # without it: one master, its own claim, HTTP probes
+    plain = find_doc(chart.template(), "StatefulSet", "-master")
+    assert plain["spec"]["replicas"] == 1 and plain["spec"]["volumeClaimTemplates"]
+    assert "--standby" not in container_of(plain, "master")["args"]
+
+
 def test_workers_run_on_cache_nodes_with_one_flag_and_volume_per_tier(
     chart: Any, find_doc: Callable[..., Doc], container_of: Callable[[Doc, str], Doc]
 ) -> None:

@@ -155,3 +155,43 @@ def test_a_second_master_and_a_restore_refuse_a_served_state_dir(
         assert json.loads(_cli(url, "dataset", "ls", "--json").stdout) == {"datasets": []}
     finally:
         c.stop()
+
+
+def test_the_liveness_probe_passes_a_waiting_standby_and_fails_a_hung_master(
+    tmp_path: Path,
+) -> None:
+    """``shoal master probe`` (the chart's exec liveness probe with a standby): a
+    standby binds no port and is alive while it waits; the active master must answer
+    its health check, and a hung one fails (then its pod is restarted, and the
+    standby takes over)."""
+    c = TestCluster(tmp_path / "c", workers=0, env=dict(S3_ENV))
+    c.dir.mkdir(parents=True)
+    state = str(c.dir / "master")
+
+    def probe(pid: int) -> tuple[int, dict[str, Any]]:
+        r = run_cli("master", "probe", "--state-dir", state, "--pid", str(pid),
+                    "--timeout", "1", "--json", env=cli_env(url, **S3_ENV), timeout=30)  # fmt: skip
+        return r.returncode, json.loads(r.stdout)
+
+    try:
+        url = c.start_master()
+        active = c.pids["master"]
+        url_file = c.dir / "standby.url"
+        proc, log = c._spawn("standby", _master_args(c, "0", url_file, "--standby"))
+        _wait_log(log, proc, "taking over when it stops")
+        rc, out = probe(active)
+        assert (rc, out["state"], out["ok"]) == (0, "active", True) and str(active) in out["holder"]
+        rc, out = probe(proc.pid)
+        assert (rc, out["state"]) == (0, "standby") and str(active) in out["holder"]
+        c.procs["master"].send_signal(signal.SIGSTOP)  # hung: holds the lock, answers nothing
+        try:
+            rc, out = probe(active)
+            assert (rc, out["state"], out["ok"]) == (1, "active", False)
+        finally:
+            c.procs["master"].send_signal(signal.SIGCONT)
+        c.stop_process("master", signal.SIGKILL)
+        _wait_file(url_file, proc, 20, log)
+        rc, out = probe(proc.pid)
+        assert (rc, out["state"]) == (0, "active") and str(proc.pid) in out["holder"]
+    finally:
+        c.stop()

@@ -1,4 +1,4 @@
-"""``shoal master backup FILE`` and ``shoal master restore FILE``.
+"""``shoal master backup FILE``, ``shoal master restore FILE`` and ``shoal master probe``.
 
 A backup is taken online from a running master (see :mod:`shoal.master.backup`); a
 restore installs one into the state directory of a master that is not running yet.
@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 import tempfile
 from typing import Any
 
@@ -21,7 +22,7 @@ import aiohttp
 from shoal.cli.output import add_json, add_master, emit_json, human_bytes
 from shoal.config import master_from_env
 from shoal.errors import InvalidArgument
-from shoal.master import backup
+from shoal.master import backup, lease
 from shoal.proto.master_api import MasterAPI
 
 
@@ -45,6 +46,22 @@ def register(master_parser: Any) -> None:
     )
     add_json(p)
     p.set_defaults(handler=cmd_restore)
+
+    p = acts.add_parser(
+        "probe",
+        help="a liveness check that an active master and its standby both pass (exit 0), "
+        "and a hung active master fails (exit 1)",
+    )
+    p.add_argument("--state-dir", required=True, help="the state directory the masters share")
+    p.add_argument(
+        "--pid",
+        type=int,
+        default=1,
+        help="the pid of this container's master (1: the container's own process)",
+    )
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds the health check may take")
+    add_json(p)
+    p.set_defaults(handler=cmd_probe)
 
 
 async def _download(master: str, out: Any) -> int:
@@ -93,3 +110,41 @@ def cmd_restore(args: argparse.Namespace) -> int:
             f"`shoal master --state-dir {args.state_dir}`"
         )
     return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Liveness for a master that may be a standby (Kubernetes' exec probe): a standby
+    binds no port, so an HTTP probe would restart it over and over. The lock file names
+    the active master (pid and host); when that is this container's master, its health
+    must answer, else this is the standby, alive while it waits."""
+    found = lease.holder(os.path.join(args.state_dir, lease.LOCK_NAME))
+    me = found is not None and found.get("pid") == args.pid
+    me = me and found is not None and found.get("host") == socket.gethostname()
+    url = found.get("url") if found is not None else None
+    if not me:
+        state, ok = "standby", True
+    elif not url:
+        state, ok = "starting", True  # locked, not listening yet
+    else:
+        state, ok = "active", _healthy(str(url), args.timeout)
+    if args.json:
+        emit_json({"state": state, "ok": ok, "holder": lease.describe(found)})
+    elif ok:
+        print(f"{state}: {args.state_dir} is served by {lease.describe(found)}")
+    else:
+        print(f"unhealthy: the active master ({lease.describe(found)}) does not answer")
+    return 0 if ok else 1
+
+
+def _healthy(url: str, timeout: float) -> bool:
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False  # this pod's own master: only whether it answers
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/health", timeout=timeout, context=ctx) as r:
+            return bool(r.status == 200)
+    except (OSError, ValueError):
+        return False

@@ -44,8 +44,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-master" (include "shoal.fullname" .) }}
 {{- end }}
 
+{{/* The master's URL; with a standby, both masters' (the active one and its standby,
+each by its stable name on the headless Service): every shoal process moves to the
+standby once the active one refuses connections. */}}
 {{- define "shoal.masterURL" -}}
-{{- printf "http://%s.%s.svc:%d" (include "shoal.masterService" .) .Release.Namespace (int .Values.master.port) }}
+{{- $svc := include "shoal.masterService" . }}
+{{- $port := int .Values.master.port }}
+{{- if .Values.master.standby.enabled }}
+{{- $ns := .Release.Namespace }}
+{{- printf "http://%s-0.%s-headless.%s.svc:%d,http://%s-1.%s-headless.%s.svc:%d" $svc $svc $ns $port $svc $svc $ns $port }}
+{{- else }}
+{{- printf "http://%s.%s.svc:%d" $svc .Release.Namespace $port }}
+{{- end }}
 {{- end }}
 
 {{- define "shoal.authSecret" -}}
