@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -40,12 +40,7 @@ class SingleFlight(Generic[T]):
         try:
             result = await fn()
         except BaseException as exc:
-            if not fut.done():
-                if isinstance(exc, asyncio.CancelledError):
-                    fut.cancel()
-                else:
-                    fut.set_exception(exc)
-                    fut.exception()  # mark retrieved: waiters may be none
+            _fail(fut, exc)
             raise
         else:
             fut.set_result(result)
@@ -68,12 +63,7 @@ class SingleFlight(Generic[T]):
             results = await fn()
         except BaseException as exc:
             for fut in mine.values():
-                if not fut.done():
-                    if isinstance(exc, asyncio.CancelledError):
-                        fut.cancel()
-                    else:
-                        fut.set_exception(exc)
-                        fut.exception()  # mark retrieved: waiters may be none
+                _fail(fut, exc)
             raise
         else:
             for i, fut in mine.items():
@@ -83,3 +73,14 @@ class SingleFlight(Generic[T]):
             for i in mine:
                 if self._inflight.get(keys[i]) is mine[i]:
                     del self._inflight[keys[i]]
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    """Hand a flight's failure to its waiters (a cancellation as a cancellation)."""
+    if fut.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        fut.cancel()
+    else:
+        fut.set_exception(exc)
+        fut.exception()  # mark retrieved: waiters may be none
