@@ -201,16 +201,18 @@ class BlockingReads:
             return None
         key, w = placed
         ahead = self.aio._ahead
+        info = self.cache.info(ds, key)
         ask, then = length, None
         if length > 0 and ahead.sequential(ds, key, offset):
-            # a sequential reader: one request for its next reads, and the one after
-            # it sent along (pipelined)
+            # a sequential reader: one request for its next reads, and (when the file
+            # goes on past them) the one after it sent along, pipelined
             ask = max(length, AHEAD)
-            then = self._request(ds, key, offset + ask, ask)
+            if info is not None and offset + ask < info.size:
+                then = _Sent(ds, self._request(ds, key, offset + ask, ask, info))
         ahead.begin(ds, key)
         data = None
         try:
-            data = self._read_from(w, ds, self._request(ds, key, offset, ask), then)
+            data = self._read_from(w, ds, self._request(ds, key, offset, ask, info), then)
         finally:
             # not served here: the async path's read of it is the one that counts
             ahead.end(ds, key, offset, length if data is not None else 0)
@@ -257,24 +259,20 @@ class BlockingReads:
             return w
         return None
 
-    def _request(self, ds: Dataset, key: str, offset: int, length: int) -> ReadRequest:
+    @staticmethod
+    def _request(
+        ds: Dataset, key: str, offset: int, length: int, info: FileInfo | None
+    ) -> ReadRequest:
         """The READ the async path would send, in the version the client knows."""
-        info = self.cache.info(ds, key)
         version = info.version if info is not None else None
         ps = ds.policy.page_size
         return ReadRequest(ds.name, key, offset, length, version, ps, ds.generation)
 
     def _read_from(
-        self, w: WorkerAddr, ds: Dataset, req: ReadRequest, then: ReadRequest | None
+        self, w: WorkerAddr, ds: Dataset, req: ReadRequest, then: _Sent | None
     ) -> bytes | None:
-        if then is not None and (then.version is None or then.offset >= self._size(ds, then)):
-            then = None  # past the end, or a file not known yet: nothing to send ahead
-        got = self._call(w, req, None if then is None else _Sent(ds, then))
+        got = self._call(w, req, then)
         return None if got is None else self._check(ds, req, got)
-
-    def _size(self, ds: Dataset, req: ReadRequest) -> int:
-        info = self.cache.info(ds, req.path)
-        return -1 if info is None else info.size
 
     def _check(
         self, ds: Dataset, req: ReadRequest, got: tuple[int, int, bytearray, bytes]
