@@ -193,5 +193,8 @@ def test_the_liveness_probe_passes_a_waiting_standby_and_fails_a_hung_master(
         _wait_file(url_file, proc, 20, log)
         rc, out = probe(proc.pid)
         assert (rc, out["state"]) == (0, "active") and str(proc.pid) in out["holder"]
+        r = run_cli("master", "probe", "--state-dir", str(c.dir / "nope"),
+                    env=cli_env(url, **S3_ENV), timeout=30)  # fmt: skip
+        assert_one_line_error(r, 2, "does not exist")
     finally:
         c.stop()

@@ -117,6 +117,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     binds no port, so an HTTP probe would restart it over and over. The lock file names
     the active master (pid and host); when that is this container's master, its health
     must answer, else this is the standby, alive while it waits."""
+    if not os.path.isdir(args.state_dir):  # a typo must not pass as a waiting standby
+        raise InvalidArgument(f"state directory {args.state_dir} does not exist")
     found = lease.holder(os.path.join(args.state_dir, lease.LOCK_NAME))
     me = found is not None and found.get("pid") == args.pid
     me = me and found is not None and found.get("host") == socket.gethostname()
