@@ -273,3 +273,118 @@ def test_a_file_still_being_written_is_not_checked(
             h.abort()
 
     asyncio.run(go())
+
+
+# -- queued checks: none dropped while another runs, none waiting for another answer ----
+
+
+def _drain(v: Verified) -> object:
+    async def wait() -> None:
+        while v._tasks or v._timers:
+            await asyncio.sleep(0.01)
+
+    return asyncio.wait_for(wait(), 10)
+
+
+def test_pages_handed_over_during_a_check_are_checked_after_it(
+    tmp_path: Path, settled: None
+) -> None:
+    """A sequential reader locates a large file's windows moments apart: the second
+    window's pages must not be dropped because the first's check is still running
+    (before, every later window of the file went out unstamped to reader after reader)."""
+    path, pages = _data_file(tmp_path, pages=6)
+    v = Verified()
+    seen: list[tuple[str, list[Page]]] = []
+
+    async def go() -> None:
+        h = _handover(path)
+        try:
+            assert v.stamps(h, [pages[:2]], lambda p, b: seen.append(("a", b))) == [0]
+            assert path in v._busy  # the first window's check runs
+            assert v.stamps(h, [pages[2:]], lambda p, b: seen.append(("b", b))) == [0]
+            await _drain(v)
+            # one answer later, every page of the file is stamped: nothing was dropped
+            assert v.stamps(h, [pages], lambda p, b: None) == [h.ctimes[0]]
+        finally:
+            h.abort()
+
+    asyncio.run(go())
+    assert seen == []
+
+
+def test_a_failed_page_goes_to_the_answer_that_handed_it_over(
+    tmp_path: Path, settled: None
+) -> None:
+    path, pages = _data_file(tmp_path, pages=4)
+    v = Verified()
+    seen: list[tuple[str, list[Page]]] = []
+    wrong = (pages[3][0], PS, pages[3][2] ^ 1)  # a checksum the bytes do not have
+
+    async def go() -> None:
+        h = _handover(path)
+        try:
+            v.stamps(h, [pages[:2]], lambda p, b: seen.append(("a", b)))
+            v.stamps(h, [[pages[2], wrong]], lambda p, b: seen.append(("b", b)))
+            await _drain(v)
+        finally:
+            h.abort()
+
+    asyncio.run(go())
+    assert seen == [("b", [wrong])]  # not to the first answer's callback, nor lost
+    assert v.bad_pages == 1
+
+
+def test_a_file_that_settles_is_checked_with_no_further_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first warm reader after a cold one is handed a file written moments ago:
+    its pages are checked once the file has settled, so the next reader is stamped."""
+    monkeypatch.setattr(handover, "SETTLE_NS", 100_000_000)
+    path, pages = _data_file(tmp_path)
+    v = Verified()
+
+    async def go() -> None:
+        h = _handover(path)
+        try:
+            # the real clock: written just now, so not settled yet
+            assert v.stamps(h, [pages], lambda p, b: None) == [0]
+            assert not v._tasks and path in v._timers
+            await _drain(v)
+            assert v.stamps(h, [pages], lambda p, b: None) == [h.ctimes[0]]
+        finally:
+            h.abort()
+
+    asyncio.run(go())
+
+
+def test_a_relocated_page_keeps_the_readers_own_check_only_at_the_same_place(
+    tmp_path: Path, settled: None
+) -> None:
+    """A LOCATE answer without stamps (the worker has not checked the file yet) keeps
+    this process's check of a page it locates again at the same place -- before, every
+    re-locate made the reader hash those pages again -- and drops it elsewhere."""
+    from shoal.client.handover import take_locations
+    from shoal.core.types import CachePolicy, Dataset, Mount
+
+    path, pages = _data_file(tmp_path)
+    st = os.stat(path)
+    ds = Dataset("ds", (Mount("m", tmp_path.as_uri()),), CachePolicy(page_size=PS))
+    c = ClientCache()
+    rows = [[0, off, n, ck] for off, n, ck in pages]
+
+    def locate(rows: list[list[int]], at: int = 0) -> bytes | None:
+        reply = m.LocateReply("v1", 4 * PS, 1.0, 0, rows, [[st.st_dev, st.st_ino]], False, [0])
+        return take_locations(c, "w", ds, "f", reply, [os.open(path, os.O_RDONLY)], at, PS)
+
+    want = Path(path).read_bytes()
+    try:
+        assert locate(rows) == want[:PS]
+        keys = [("ds", "f", "v1", i) for i in range(4)]
+        assert local._page(c, keys[1], c.locs[keys[1]], 0, PS) == want[PS : 2 * PS]
+        assert set(c.verified) == {keys[0], keys[1]}  # checked by this process
+        moved = [rows[0], [0, 3 * PS, PS, pages[3][2]], *rows[2:]]  # page 1 elsewhere
+        # (the read that comes with it is of page 3: it checks page 3 only)
+        assert locate(moved, 3 * PS) == want[3 * PS :]
+        assert keys[0] in c.verified and keys[1] not in c.verified
+    finally:
+        c.drop_locations()

@@ -63,15 +63,20 @@ def take_locations(
     stamps = m.stamps  # unchecked by decode: none (an older worker) or odd: check all
     if type(stamps) is not list or len(stamps) != len(ids):
         stamps = [0] * len(ids)
-    verified = c.verified
+    verified, locs = c.verified, c.locs
     for i, (slot, off, n, ck) in enumerate(m.pages):
         lk = (ds.name, path, m.version, first + i)
-        c.locs[lk] = PageLoc(ids[slot], off, n, ck, wid, ds.policy.page_size)
+        loc = PageLoc(ids[slot], off, n, ck, wid, ds.policy.page_size)
+        old = locs.get(lk)
+        locs[lk] = loc
         # checked by the worker at this ctime: trusted while the file keeps it
-        # (shoal.client.local); else this process checks the page itself
+        # (shoal.client.local); else this process checks the page itself -- unless it
+        # already has, at this very location: that check still stands while the
+        # file's ctime holds (a worker that has not checked the file yet must not
+        # make every reader hash the pages it re-locates again, pass after pass)
         if stamps[slot]:
             verified[lk] = stamps[slot]
-        else:
+        elif old != loc:
             verified.pop(lk, None)
     # the worker counted this read when it answered: no touch for it
     return read_located(c, ds, path, offset, length, touch=False)

@@ -47,11 +47,14 @@ VERIFY_FILES = 65536
 #: a data file written to less than this long ago (ns) is not checked yet: a file that
 #: a cold reader's pages are still being appended to would change under every check
 #: (each then read back and hashed in vain: 29% of the worker's samples in a cold
-#: sequential read); its readers check their own pages until it settles
+#: sequential read); its readers check their own pages until it settles, and its
+#: queued pages are checked then, with no further answer needed
 SETTLE_NS = 1_000_000_000
 
 #: one page handed over: offset in its data file, length, xxh3 checksum
 Page = tuple[int, int, int]
+#: what a LOCATE answer does with those of its pages a background check found bad
+OnBad = Callable[[str, list[Page]], None]
 
 
 class Handover:
@@ -227,6 +230,27 @@ class _Checked:
     pages: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Todo:
+    """Pages of one data file waiting for a check (see Verified._check_later)."""
+
+    dev: int
+    ino: int
+    #: the latest ctime the file was seen with (its settling time counts from it)
+    ctime: int
+    #: offset -> (page, what to do if it fails: the answer's that handed it over)
+    pages: dict[int, tuple[Page, OnBad]] = field(default_factory=dict)
+
+    def on_bad(self, path: str, bad: list[Page]) -> None:
+        """Hand each failed page to the callback of the answer that queued it."""
+        groups: dict[int, tuple[OnBad, list[Page]]] = {}
+        for p in bad:
+            cb = self.pages[p[0]][1]
+            groups.setdefault(id(cb), (cb, []))[1].append(p)
+        for cb, mine in groups.values():
+            cb(path, mine)
+
+
 class Verified:
     """Data files whose handed-over pages this worker read back and checked, by file
     identity and ctime, so that a LOCATE answer can say so (a *stamp* per descriptor:
@@ -242,8 +266,9 @@ class Verified:
     the next check: checks are kept in memory only (a restarted worker checks each
     file again when it first hands it over) and stand VERIFY_EVERY seconds; a check
     that fails drops the bad pages (``on_bad``) and revokes every stamp of the file.
-    The checks run in threads, in the background, after an answer that had to go out
-    without a stamp: no answer waits for one.
+    The pages an answer had to hand over without a stamp are queued and checked in
+    threads, in the background (VERIFY_AT_ONCE files at a time, each once it has
+    settled): no answer waits for one, and none is dropped because others are busy.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -251,6 +276,10 @@ class Verified:
         self._files: dict[str, _Checked] = {}
         self._busy: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: pages waiting for a check, per data file, and the timers of files that
+        #: have not settled yet
+        self._todo: dict[str, _Todo] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         #: bytes read back and pages found bad, for the curious
         self.checked_bytes = 0
         self.bad_pages = 0
@@ -276,31 +305,94 @@ class Verified:
             else:
                 todo = mine
             out.append(0 if todo else ctime)
-            if todo and _coarse_now() - ctime >= SETTLE_NS:
-                self._check_later(path, dev, ino, todo, on_bad)
+            if todo:
+                self._check_later(path, dev, ino, ctime, todo, on_bad)
         return out
 
     def forget(self, path: str) -> None:
         self._files.pop(path, None)
+        self._todo.pop(path, None)
+        timer = self._timers.pop(path, None)
+        if timer is not None:
+            timer.cancel()
 
     def _check_later(
         self,
         path: str,
         dev: int,
         ino: int,
+        ctime: int,
         pages: list[Page],
         on_bad: Callable[[str, list[Page]], None],
     ) -> None:
-        if path in self._busy or len(self._busy) >= VERIFY_AT_ONCE:
+        """Queue ``pages`` of a data file for a check in the background: at once when
+        a slot is free and the file has settled, else once it has settled or a check
+        under way ends. Never dropped because one is busy: a sequential reader locates
+        a large file's windows moments apart, and each must be checked for the next
+        reader of the file to be handed stamps for all of them."""
+        t = self._todo.get(path)
+        if t is None or (t.dev, t.ino) != (dev, ino):
+            self._todo.pop(path, None)
+            if len(self._todo) >= VERIFY_FILES:
+                self._todo.pop(next(iter(self._todo)))
+            t = self._todo[path] = _Todo(dev, ino, ctime)
+        t.ctime = max(t.ctime, ctime)
+        for p in pages:
+            t.pages[p[0]] = (p, on_bad)
+        self._start(path)
+
+    def _start(self, path: str) -> None:
+        """Start the queued check of ``path`` if it may run now (else leave it queued,
+        with a timer for when the file settles)."""
+        t = self._todo.get(path)
+        if t is None or path in self._busy:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        wait = SETTLE_NS - (_coarse_now() - t.ctime)
+        if wait > 0:
+            if path not in self._timers:  # one that fires early waits again (_settle)
+                self._timers[path] = loop.call_later(wait / 1e9, self._settle, path)
+            return
+        timer = self._timers.pop(path, None)
+        if timer is not None:
+            timer.cancel()
+        if len(self._busy) >= VERIFY_AT_ONCE:
+            return  # started when a check under way ends
+        del self._todo[path]
         self._busy.add(path)
-        task = loop.create_task(self._check(path, dev, ino, pages, on_bad))
+        pages = sorted(p for p, _ in t.pages.values())
+        task = loop.create_task(self._check(path, t.dev, t.ino, pages, t.on_bad))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _settle(self, path: str) -> None:
+        """A queued file's settling time is up: start its check, or wait again if it
+        was written to meanwhile (a cold reader's pages still being appended)."""
+        self._timers.pop(path, None)
+        t = self._todo.get(path)
+        if t is None:
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._todo.pop(path, None)  # gone: nobody is handed it again
+            return
+        if (st.st_dev, st.st_ino) != (t.dev, t.ino):
+            self._todo.pop(path, None)
+            return
+        t.ctime = max(t.ctime, st.st_ctime_ns)
+        self._start(path)
+
+    def _next(self) -> None:
+        """A check ended: start queued ones while slots are free."""
+        for path in list(self._todo):
+            if len(self._busy) >= VERIFY_AT_ONCE:
+                return
+            if path not in self._timers:
+                self._start(path)
 
     async def _check(
         self,
@@ -315,6 +407,7 @@ class Verified:
             res = await asyncio.to_thread(check_pages, path, dev, ino, pages)
         finally:
             self._busy.discard(path)
+            self._next()
         if res is None:
             return
         ctime, bad = res
