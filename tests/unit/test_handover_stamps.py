@@ -249,26 +249,39 @@ def test_pages_apart_are_read_one_by_one(tmp_path: Path, settled: None) -> None:
     assert got is None or len(got) != 2 * PS
 
 
-def test_a_file_still_being_written_is_not_checked(
+def test_a_file_still_being_written_is_checked_once_it_settles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A data file written to moments ago (a cold reader's pages still being appended)
-    is left to its readers' own checks: reading it back now would be in vain."""
+    is left to its readers' own checks: reading it back now would be in vain. It is
+    checked once it has settled -- by the next answer, or with none (the first warm
+    reader after a cold one is the only one: the next must be stamped)."""
+    monkeypatch.setattr(handover, "SETTLE_NS", 100_000_000)
     path, pages = _data_file(tmp_path)
     v = Verified()
 
     async def go() -> None:
         h = _handover(path)
         try:
+            # the real clock: written just now, so not settled yet
             assert v.stamps(h, [pages], lambda p, b: None) == [0]
-            assert not v._tasks  # no check started
-            # settled: the next answer starts the check
-            ctime = h.ctimes[0]
+            assert not v._tasks and path in v._timers  # no check started, one due
+            await _drain(v)  # settled: checked with no further answer
+            assert v.stamps(h, [pages], lambda p, b: None) == [h.ctimes[0]]
+            # another file, settled by the clock: the next answer starts its check
+            (tmp_path / "b").mkdir()
+            other, more = _data_file(tmp_path / "b")
+            h2 = _handover(other)
+            ctime = h2.ctimes[0]
+            monkeypatch.setattr(handover, "_coarse_now", lambda: ctime)
+            assert v.stamps(h2, [more], lambda p, b: None) == [0]
+            assert not v._tasks
             monkeypatch.setattr(handover, "_coarse_now", lambda: ctime + handover.SETTLE_NS)
-            assert v.stamps(h, [pages], lambda p, b: None) == [0]
+            assert v.stamps(h2, [more], lambda p, b: None) == [0]
             assert v._tasks
-            while v._tasks:
-                await asyncio.sleep(0.01)
+            await _drain(v)
+            assert v.stamps(h2, [more], lambda p, b: None) == [ctime]
+            h2.abort()
         finally:
             h.abort()
 
@@ -332,29 +345,6 @@ def test_a_failed_page_goes_to_the_answer_that_handed_it_over(
     asyncio.run(go())
     assert seen == [("b", [wrong])]  # not to the first answer's callback, nor lost
     assert v.bad_pages == 1
-
-
-def test_a_file_that_settles_is_checked_with_no_further_answer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first warm reader after a cold one is handed a file written moments ago:
-    its pages are checked once the file has settled, so the next reader is stamped."""
-    monkeypatch.setattr(handover, "SETTLE_NS", 100_000_000)
-    path, pages = _data_file(tmp_path)
-    v = Verified()
-
-    async def go() -> None:
-        h = _handover(path)
-        try:
-            # the real clock: written just now, so not settled yet
-            assert v.stamps(h, [pages], lambda p, b: None) == [0]
-            assert not v._tasks and path in v._timers
-            await _drain(v)
-            assert v.stamps(h, [pages], lambda p, b: None) == [h.ctimes[0]]
-        finally:
-            h.abort()
-
-    asyncio.run(go())
 
 
 def test_a_relocated_page_keeps_the_readers_own_check_only_at_the_same_place(
