@@ -378,3 +378,32 @@ def test_a_relocated_page_keeps_the_readers_own_check_only_at_the_same_place(
         assert keys[0] in c.verified and keys[1] not in c.verified
     finally:
         c.drop_locations()
+
+
+def test_the_queue_of_files_waiting_for_a_check_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each queued file holds its answers' page lists: past VERIFY_QUEUE files the
+    oldest wait is dropped (its readers check their own pages), its timer with it."""
+    monkeypatch.setattr(handover, "VERIFY_QUEUE", 2)
+    monkeypatch.setattr(handover, "_coarse_now", lambda: 0)  # nothing has settled
+    v = Verified()
+    paths = []
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        paths.append(_data_file(tmp_path / name))
+
+    async def go() -> None:
+        hs = [_handover(path) for path, _ in paths]
+        try:
+            for h, (_, pages) in zip(hs, paths, strict=True):
+                assert v.stamps(h, [pages], lambda p, b: None) == [0]
+            assert list(v._todo) == [paths[1][0], paths[2][0]]
+            assert set(v._timers) == {paths[1][0], paths[2][0]} and not v._tasks
+        finally:
+            for h in hs:
+                h.abort()
+            for t in v._timers.values():
+                t.cancel()
+
+    asyncio.run(go())

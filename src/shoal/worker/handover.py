@@ -44,6 +44,10 @@ VERIFY_EVERY = 900.0
 VERIFY_AT_ONCE = 2
 #: data files whose checks are remembered (then the oldest are forgotten)
 VERIFY_FILES = 65536
+#: data files whose handed-over pages wait for a check, at most (then the oldest wait
+#: is dropped: its readers check their own pages, as without a queue); each holds its
+#: answers' page lists until checked
+VERIFY_QUEUE = 256
 #: a data file written to less than this long ago (ns) is not checked yet: a file that
 #: a cold reader's pages are still being appended to would change under every check
 #: (each then read back and hashed in vain: 29% of the worker's samples in a cold
@@ -311,6 +315,9 @@ class Verified:
 
     def forget(self, path: str) -> None:
         self._files.pop(path, None)
+        self._drop_todo(path)
+
+    def _drop_todo(self, path: str) -> None:
         self._todo.pop(path, None)
         timer = self._timers.pop(path, None)
         if timer is not None:
@@ -333,8 +340,8 @@ class Verified:
         t = self._todo.get(path)
         if t is None or (t.dev, t.ino) != (dev, ino):
             self._todo.pop(path, None)
-            if len(self._todo) >= VERIFY_FILES:
-                self._todo.pop(next(iter(self._todo)))
+            if len(self._todo) >= VERIFY_QUEUE:
+                self._drop_todo(next(iter(self._todo)))
             t = self._todo[path] = _Todo(dev, ino, ctime)
         t.ctime = max(t.ctime, ctime)
         for p in pages:
