@@ -67,8 +67,6 @@ def take_locations(
     for i, (slot, off, n, ck) in enumerate(m.pages):
         lk = (ds.name, path, m.version, first + i)
         loc = PageLoc(ids[slot], off, n, ck, wid, ds.policy.page_size)
-        old = locs.get(lk)
-        locs[lk] = loc
         # checked by the worker at this ctime: trusted while the file keeps it
         # (shoal.client.local); else this process checks the page itself -- unless it
         # already has, at this very location: that check still stands while the
@@ -76,8 +74,9 @@ def take_locations(
         # make every reader hash the pages it re-locates again, pass after pass)
         if stamps[slot]:
             verified[lk] = stamps[slot]
-        elif old != loc:
+        elif locs.get(lk) != loc:
             verified.pop(lk, None)
+        locs[lk] = loc
     # the worker counted this read when it answered: no touch for it
     return read_located(c, ds, path, offset, length, touch=False)
 

@@ -288,9 +288,7 @@ class Verified:
         self.checked_bytes = 0
         self.bad_pages = 0
 
-    def stamps(
-        self, h: Handover, pages: list[list[Page]], on_bad: Callable[[str, list[Page]], None]
-    ) -> list[int]:
+    def stamps(self, h: Handover, pages: list[list[Page]], on_bad: OnBad) -> list[int]:
         """For each of ``h``'s descriptors, the ctime at which every page this answer
         hands over in it was checked (0: some were not, or not lately); the pages not
         checked yet are checked in the background, for later answers."""
@@ -330,7 +328,7 @@ class Verified:
         ino: int,
         ctime: int,
         pages: list[Page],
-        on_bad: Callable[[str, list[Page]], None],
+        on_bad: OnBad,
     ) -> None:
         """Queue ``pages`` of a data file for a check in the background: at once when
         a slot is free and the file has settled, else once it has settled or a check
@@ -339,7 +337,7 @@ class Verified:
         reader of the file to be handed stamps for all of them."""
         t = self._todo.get(path)
         if t is None or (t.dev, t.ino) != (dev, ino):
-            self._todo.pop(path, None)
+            self._drop_todo(path)  # another file at that path now: its wait is void
             if len(self._todo) >= VERIFY_QUEUE:
                 self._drop_todo(next(iter(self._todo)))
             t = self._todo[path] = _Todo(dev, ino, ctime)
@@ -383,12 +381,11 @@ class Verified:
         if t is None:
             return
         try:
-            st = os.stat(path)
+            st: os.stat_result | None = os.stat(path)
         except OSError:
-            self._todo.pop(path, None)  # gone: nobody is handed it again
-            return
-        if (st.st_dev, st.st_ino) != (t.dev, t.ino):
-            self._todo.pop(path, None)
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != (t.dev, t.ino):
+            del self._todo[path]  # gone, or another file: nobody is handed these pages
             return
         t.ctime = max(t.ctime, st.st_ctime_ns)
         self._start(path)
@@ -398,8 +395,7 @@ class Verified:
         for path in list(self._todo):
             if len(self._busy) >= VERIFY_AT_ONCE:
                 return
-            if path not in self._timers:
-                self._start(path)
+            self._start(path)  # one still settling keeps waiting for its timer
 
     async def _check(
         self,
@@ -407,7 +403,7 @@ class Verified:
         dev: int,
         ino: int,
         pages: list[Page],
-        on_bad: Callable[[str, list[Page]], None],
+        on_bad: OnBad,
     ) -> None:
         began = self._clock()
         try:
