@@ -191,9 +191,11 @@ def test_reader_forgets_checks_after_trust_for(
 def test_locate_reply_stamps_are_a_trailing_optional_field() -> None:
     r = m.LocateReply("v", 10, 1.0, 2, [[0, 0, 10, 7]], [[1, 2]], False, [123])
     enc = r.encode()
-    assert len(enc) == 8 and m.LocateReply.decode(enc) == r
+    assert len(enc) == 10 and m.LocateReply.decode(enc) == r
     old = enc[:7]  # a worker before stamps
     assert m.LocateReply.decode(old).stamps == []
+    before_runs = m.LocateReply.decode(enc[:8])  # a worker before runs
+    assert (before_runs.stamps, before_runs.run, before_runs.sums) == ([123], [], b"")
     assert m.LocateReply.decode([*enc, "later"]).stamps == [123]  # fields after: ignored
     # a stamp of another type never equals a ctime: the reader checks those pages
     assert m.LocateReply.decode([*enc[:7], 5]).stamps == 5

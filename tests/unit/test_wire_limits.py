@@ -18,7 +18,7 @@ VALID: dict[Op, list[Any]] = {
     Op.LIST: ["ds", "data/000", 3],
     Op.READ: ["ds", P, 0, -1, None, 1 << 20, 2, False],
     Op.BATCH: ["ds", [P, P], None],
-    Op.LOCATE: ["ds", P, "v1", 0, 100, True, 256 << 20, 0, None],
+    Op.LOCATE: ["ds", P, "v1", 0, 100, True, 256 << 20, 0, None, True],
     Op.TOUCH: ["ds", [[P, "v", 1, 100], [P, "", 0, 0]]],
     Op.DROP: ["ds", P, "v", 0],
     Op.LOCATE_DIR: ["ds", None, 0, None],

@@ -115,7 +115,7 @@ def test_an_error_answer_raises_the_workers_error() -> None:
 def test_missing_trailing_fields_take_their_defaults() -> None:
     body = wire.pack(["ds", P, 0, -1, None])
     assert m.decode_request(Op.READ, body) == m.ReadRequest("ds", P, 0, -1)
-    extra = wire.pack(["ds", P, None, 0, 10, False, 0, 0, None, "a newer field"])
+    extra = wire.pack(["ds", P, None, 0, 10, False, 0, 0, None, False, "a newer field"])
     assert m.decode_request(Op.LOCATE, extra) == m.LocateRequest("ds", P, None, 0, 10)
 
 

@@ -313,6 +313,7 @@ class AsyncClient:
     ) -> None:
         self.cache.counters.corrupt += 1
         self.cache.locs.pop((ds.name, path, version, index), None)
+        self.cache.runs.pop((ds.name, path, version), None)
         log.warning(
             "bad checksum on /%s/%s page %d from %s; refetching", ds.name, path, index, w.id
         )

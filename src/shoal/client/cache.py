@@ -10,6 +10,7 @@ fast path relies on.
 
 from __future__ import annotations
 
+import array
 import os
 import time
 from collections import OrderedDict
@@ -52,7 +53,26 @@ class PageLoc:
     page_size: int
 
 
+@record
+class FileRun:
+    """A located file's pages back to back in one descriptor (a large file kept whole,
+    one LOCATE answer): page ``first + i`` is at ``offset + i * page_size``, its
+    checksum ``sums[i]``, for ``count`` pages; the last page of the file may be short."""
+
+    fdkey: tuple[int, int]
+    offset: int
+    first: int
+    count: int
+    sums: array.array[int]
+    worker: str
+    page_size: int
+
+
 LocKey = tuple[str, str, str, int]  # dataset, path, version, page index
+#: a located file version: dataset, path, version
+RunKey = tuple[str, str, str]
+#: the index under which ``ClientCache.verified`` keeps a worker's check of a run
+RUN_CHECK = -1
 #: a whole small file a LOCATE_DIR answer located: descriptor key, offset, size,
 #: checksum, version, worker, page size (see ``ClientCache.dir_locs``)
 SmallLoc = tuple[tuple[int, int], int, int, int, str, str, int]
@@ -155,6 +175,9 @@ class ClientCache:
     workers: dict[str, WorkerAddr] = field(default_factory=dict)
     meta: MetaLRU = field(default_factory=lambda: MetaLRU(1_000_000))
     locs: dict[LocKey, PageLoc] = field(default_factory=dict)
+    #: files located as one run each (shoal.client.handover); the worker's check of a
+    #: run is ``verified[(*key, RUN_CHECK)]``, this process's own checks per page
+    runs: dict[RunKey, FileRun] = field(default_factory=dict)
     #: (dataset, path) -> a whole small file located by LOCATE_DIR whose path ``meta``
     #: does not hold: kept raw, so that learning a dataset's files costs no records
     #: per file (shoal.client.local reads them); dropped whenever ``meta`` learns or
@@ -254,7 +277,10 @@ class ClientCache:
             self.meta.pop(k, None)
         for k in [k for k in self.locs if k[0] == ds]:
             self.locs.pop(k, None)
-            self.verified.pop(k, None)
+        for r in [r for r in self.runs if r[0] == ds]:
+            self.runs.pop(r, None)
+        for v in [v for v in self.verified if v[0] == ds]:
+            self.verified.pop(v, None)
         for s in [s for s in self.dir_locs if s[0] == ds]:
             self.dir_locs.pop(s, None)
         for d in [d for d in self.dirs_located if d[1] == ds]:
@@ -279,6 +305,7 @@ class ClientCache:
 
     def drop_locations(self) -> None:
         self.locs.clear()
+        self.runs.clear()
         self.dir_locs.clear()
         self.verified.clear()
         fds = list(self.fds.values())

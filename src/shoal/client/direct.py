@@ -226,7 +226,7 @@ class DirectReads:
         version = info.version if info is not None else None
         ps = ds.policy.page_size
         req = LocateRequest(
-            ds.name, key, version, offset, length, False, LOCATE_AHEAD, ps, ds.generation
+            ds.name, key, version, offset, length, False, LOCATE_AHEAD, ps, ds.generation, True
         )
         m, fds = self._call(w, req, True)
         if layout_moved(c, ds):

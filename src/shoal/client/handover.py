@@ -12,12 +12,15 @@ layout changes, the workers' check stamps).
 
 from __future__ import annotations
 
+import array
 import os
+import sys
 import time
 from collections.abc import Iterator
 
-from shoal.client.cache import ClientCache, PageLoc
+from shoal.client.cache import RUN_CHECK, ClientCache, FileRun, PageLoc
 from shoal.client.local import read_located
+from shoal.core.paging import page_count
 from shoal.core.types import Dataset, FileInfo
 from shoal.proto.messages import LocateDirReply, LocateReply, TouchItem, TouchRequest
 from shoal.proto.wire import MAX_TOUCH_ITEMS
@@ -51,7 +54,8 @@ def take_locations(
     metadata is still learnt). StaleLayout is the caller's to raise when
     :func:`layout_moved` (checked first, descriptors closed)."""
     ids = [(x[0], x[1]) for x in m.fds]
-    if len(fds) != len(ids) or any(p[0] < 0 for p in m.pages):
+    run = _run_of(m, len(ids), ds.policy.page_size) if m.run else None
+    if len(fds) != len(ids) or any(p[0] < 0 for p in m.pages) or (m.run and run is None):
         for fd in fds:
             os.close(fd)
         c.remember(ds.name, FileInfo(path, m.size, m.version, m.mtime))
@@ -59,10 +63,13 @@ def take_locations(
     c.remember(ds.name, FileInfo(path, m.size, m.version, m.mtime))
     for key, fd in zip(ids, fds, strict=True):
         c.add_fd(key, fd)
-    first = m.first
     stamps = m.stamps  # unchecked by decode: none (an older worker) or odd: check all
     if type(stamps) is not list or len(stamps) != len(ids):
         stamps = [0] * len(ids)
+    if run is not None:
+        _take_run(c, wid, ds, path, m.version, ids, stamps, run)
+        return read_located(c, ds, path, offset, length, touch=False)
+    first = m.first
     verified, locs = c.verified, c.locs
     for i, (slot, off, n, ck) in enumerate(m.pages):
         lk = (ds.name, path, m.version, first + i)
@@ -79,6 +86,61 @@ def take_locations(
         locs[lk] = loc
     # the worker counted this read when it answered: no touch for it
     return read_located(c, ds, path, offset, length, touch=False)
+
+
+def _run_of(
+    m: LocateReply, nfds: int, ps: int
+) -> tuple[int, int, int, int, array.array[int]] | None:
+    """A LOCATE answer's run as (slot, offset, first, count, sums), if well formed
+    (decode leaves the trailing fields unchecked): else None, and nothing is used."""
+    run, sums = m.run, m.sums
+    if type(run) is not list or len(run) != 4 or not all(type(x) is int for x in run):
+        return None
+    slot, offset, first, count = run
+    if (
+        not 0 <= slot < nfds
+        or offset < 0
+        or first < 0
+        or count < 1
+        or ps <= 0
+        or first + count > page_count(m.size, ps)
+        or type(sums) is not bytes
+        or len(sums) != 8 * count
+    ):
+        return None
+    out = array.array("Q")
+    out.frombytes(sums)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return slot, offset, first, count, out
+
+
+def _take_run(
+    c: ClientCache,
+    wid: str,
+    ds: Dataset,
+    path: str,
+    version: str,
+    ids: list[tuple[int, int]],
+    stamps: list[int],
+    run: tuple[int, int, int, int, array.array[int]],
+) -> None:
+    """Install a run: one record for the file, and the worker's check of it, if any.
+    This process's own checks of its pages stand only while it stays where it was."""
+    slot, offset, first, count, sums = run
+    ps = ds.policy.page_size
+    key = (ds.name, path, version)
+    new = FileRun(ids[slot], offset, first, count, sums, wid, ps)
+    old = c.runs.get(key)
+    verified = c.verified
+    if verified and (old is None or (old.fdkey, old.offset) != (new.fdkey, new.offset)):
+        for i in range(first, first + count):
+            verified.pop((*key, i), None)
+    if stamps[slot]:
+        verified[(*key, RUN_CHECK)] = stamps[slot]
+    else:
+        verified.pop((*key, RUN_CHECK), None)
+    c.runs[key] = new
 
 
 def directories_to_locate(c: ClientCache, wid: str, ds: Dataset, directories: list[str]) -> bool:

@@ -30,7 +30,7 @@ import time
 
 import xxhash
 
-from shoal.client.cache import ClientCache, LocKey, PageLoc, SmallLoc
+from shoal.client.cache import RUN_CHECK, ClientCache, FileRun, LocKey, PageLoc, RunKey, SmallLoc
 from shoal.core.types import NEVER, Dataset, FileInfo
 
 #: hits buffered before a flush to the workers is due
@@ -115,6 +115,8 @@ def _forget(c: ClientCache, key: LocKey) -> None:
     """A located page that could not be read as located: ask the worker next time."""
     c.locs.pop(key, None)
     c.verified.pop(key, None)
+    if c.runs:
+        c.runs.pop(key[:3], None)
 
 
 def _pages(
@@ -185,6 +187,48 @@ def _page_by_page(
     return b"".join(parts)
 
 
+def _run_read(
+    c: ClientCache, rk: RunKey, run: FileRun, size: int, offset: int, end: int
+) -> bytes | None:
+    """Bytes [offset, end) of a file located as one run, verified: trusted on the
+    worker's check of the run while the descriptor keeps its ctime (one ``pread`` and
+    one ``fstat``), else checked page by page as :func:`_pages` does (and a page that
+    fails drops the run: the next read asks the worker)."""
+    ps = run.page_size
+    at = run.offset + (offset - run.first * ps)
+    verified = c.verified
+    check = (*rk, RUN_CHECK)
+    stamp = verified.get(check)
+    if stamp is not None:
+        fd = c.fds.get(run.fdkey)
+        if fd is None:
+            return None
+        try:
+            data = os.pread(fd, end - offset, at)
+            # fstat after the pread: any write before the pread has moved the ctime
+            if len(data) == end - offset and os.fstat(fd).st_ctime_ns == stamp:
+                return data
+        except OSError:
+            return None
+        verified.pop(check, None)  # the file changed since the worker's check
+    first, last = offset // ps, (end - 1) // ps
+    keys: list[LocKey] = []
+    locs: list[PageLoc] = []
+    for i in range(first, last + 1):
+        j = i - run.first
+        n = min(ps, size - i * ps)
+        keys.append((*rk, i))
+        locs.append(PageLoc(run.fdkey, run.offset + j * ps, n, run.sums[j], run.worker, ps))
+    base = first * ps
+    if len(locs) == 1:
+        got = _page(c, keys[0], locs[0], offset - base, end - base)
+    else:
+        got = _pages(c, keys, locs, offset - base, end - base)
+    if got is None:
+        c.runs.pop(rk, None)
+    return got
+
+
 def _trust_due(c: ClientCache, now: float) -> None:
     """Forget every check older than TRUST_FOR seconds (this process's and the
     workers'), so that a long-running reader checks each page whole again that often."""
@@ -223,6 +267,19 @@ def read_located(
         return b""
     ps = ds.policy.page_size
     first, last = offset // ps, (end - 1) // ps
+    run = c.runs.get((ds.name, path, info.version)) if c.runs else None
+    if (
+        run is not None
+        and run.page_size == ps
+        and run.first <= first
+        and last < run.first + run.count
+    ):
+        data = _run_read(c, (ds.name, path, info.version), run, size, offset, end)
+        if data is None or len(data) != end - offset:
+            return None  # never a short read: the slow path asks the worker
+        if touch:
+            _count(c, run.worker, ds.name, path, info.version, last - first + 1, len(data))
+        return data
     keys: list[LocKey] = []
     locs: list[PageLoc] = []
     for i in range(first, last + 1):
@@ -245,12 +302,19 @@ def read_located(
     if len(data) != end - offset:
         return None  # never a short read: the slow path asks the worker
     if touch:
-        counters = c.counters
-        counters.short_circuit += 1
-        counters.bytes_short_circuit += len(data)
         assert loc is not None  # the range is not empty
-        c.touch_log.append((loc.worker, ds.name, path, info.version, last - first + 1, len(data)))
+        _count(c, loc.worker, ds.name, path, info.version, last - first + 1, len(data))
     return data
+
+
+def _count(
+    c: ClientCache, worker: str, dsname: str, path: str, version: str, pages: int, nbytes: int
+) -> None:
+    """A short-circuit hit: counted here, reported to its worker later (TOUCH)."""
+    counters = c.counters
+    counters.short_circuit += 1
+    counters.bytes_short_circuit += nbytes
+    c.touch_log.append((worker, dsname, path, version, pages, nbytes))
 
 
 def _read_small(
@@ -280,10 +344,7 @@ def _read_small(
         c.verified.pop(key, None)
         return None  # never a short read: the slow path asks the worker
     if touch:
-        counters = c.counters
-        counters.short_circuit += 1
-        counters.bytes_short_circuit += len(data)
-        c.touch_log.append((worker, ds.name, path, version, 1, len(data)))
+        _count(c, worker, ds.name, path, version, 1, len(data))
     return data
 
 

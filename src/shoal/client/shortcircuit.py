@@ -86,7 +86,7 @@ class ShortCircuit:
                     return fast, None
         ps = ds.policy.page_size
         loc = LocateRequest(
-            ds.name, path, version, offset, length, False, LOCATE_AHEAD, ps, ds.generation
+            ds.name, path, version, offset, length, False, LOCATE_AHEAD, ps, ds.generation, True
         )
         lresp = await self.router.send(w, loc, True)
         if layout_moved(self.cache, ds):

@@ -334,7 +334,9 @@ class LocateReply(Reply):
 
     TYPES: ClassVar[Types] = (_S, _I, _NUM, _I, _L, _L, _B)
     LISTS: ClassVar[tuple[tuple[int, int], ...]] = ((4, 4), (5, 2))
-    TAIL: ClassVar[int] = 1  # stamps: older workers send none, older readers drop it
+    #: stamps, run, sums: older workers send none, older readers drop them (a reader
+    #: checks their shapes itself before it uses them)
+    TAIL: ClassVar[int] = 3
     version: str = ""
     size: int = 0
     mtime: float = 0.0
@@ -346,6 +348,12 @@ class LocateReply(Reply):
     #: a cached-only LOCATE of a file that is not (wholly) cached
     miss: bool = False
     stamps: list[int] = field(default_factory=list)  #: per fd: ctime_ns of its pages' check
+    #: asked for ``runs`` and the file is kept whole in one data file: [fd slot, offset
+    #: of page ``first``, first, count], its pages back to back from there (``pages``
+    #: is then empty); [] otherwise
+    run: list[int] = field(default_factory=list)
+    #: the run's page checksums, little-endian u64s in page order
+    sums: bytes = b""
 
 
 @record
@@ -364,6 +372,8 @@ class LocateRequest(Request[LocateReply]):
     ahead: int = 0
     page_size: int = 0
     generation: int | None = None
+    #: the reader takes a file kept whole as one run (LocateReply.run), all of it
+    runs: bool = False
 
 
 @record

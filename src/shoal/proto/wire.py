@@ -38,8 +38,9 @@ BATCH       BatchRequest [dataset, [path, ...],         BatchReply [[[path, stat
                                                         OK items' bytes, concatenated
 LOCATE      LocateRequest [dataset, path, version,      LocateReply [version, size, mtime,
             offset, length, cached_only, ahead,         first, [[fd_slot, offset, len, ck],
-            page_size, generation]                      ...], [[dev, ino], ...], miss,
-                                                        [ctime_ns, ...]] + SCM_RIGHTS
+            page_size, generation, runs]                ...], [[dev, ino], ...], miss,
+                                                        [ctime_ns, ...], run, sums]
+                                                        + SCM_RIGHTS
 TOUCH       TouchRequest [dataset, [[path, version,     Done [] (hits served by the short
             pages, bytes], ...]]                        circuit)
 DROP        DropRequest [dataset, path, version,        Done [] (a reader saw a bad
@@ -59,9 +60,16 @@ NOT_SMALL (larger than a page: the client reads it with READ). A LOCATE of
 trailing ``stamps`` (one per descriptor; 0 = none) is the data file's ctime at which the
 worker read back and checked every page the reply hands over in it: a reader skips
 its own checksum of those pages while fstat of the descriptor still shows that ctime
-(see shoal.worker.handover.Verified). A trailing reply field added like this needs no
-version bump: a reader decodes the fields it knows and ignores the rest, and a field
-left out takes its default.
+(see shoal.worker.handover.Verified). A LOCATE that says ``runs`` (true) takes a file
+kept whole in one data file as one *run* instead of a record per page: ``run`` is
+[fd_slot, offset, first, count] (page ``first + i`` lies at ``offset + i * page_size``,
+the file's page length long) and ``sums`` the count page checksums as little-endian
+u64s, for the whole file whatever range was asked (``pages`` is then empty); a reader
+of a 1 GiB file makes one LOCATE, not one per 256 MiB window, and keeps one record for
+it. A trailing field added like this needs no version bump: a worker ignores request
+fields past those it knows, a reader decodes the reply fields it knows and ignores the
+rest, and a field left out takes its default (an older worker answers ``runs`` with
+pages, as before).
 
 ``version`` None means "whatever the worker holds within the dataset's staleness bound".
 ``page_size`` is the page layout the reader slices the answer with (0: not checked); a
@@ -338,7 +346,7 @@ _ARGS: dict[Op, tuple[int, tuple[tuple[type, ...], ...]]] = {
     Op.LIST: (2, (_S, _S, _IN)),
     Op.READ: (5, (_S, _S, _I, _I, _SN, _I, _IN, _B)),
     Op.BATCH: (2, (_S, _L, _IN)),
-    Op.LOCATE: (5, (_S, _S, _SN, _I, _I, _B, _I, _I, _IN)),
+    Op.LOCATE: (5, (_S, _S, _SN, _I, _I, _B, _I, _I, _IN, _B)),
     Op.TOUCH: (2, (_S, _L)),
     Op.DROP: (4, (_S, _S, _S, _I)),
     Op.LOCATE_DIR: (2, (_S, _SN, _I, _IN)),

@@ -168,6 +168,14 @@ class Handover(Protocol):
     def locate_file(self, file: FileKey) -> Location | None:
         """The whole file as one byte range on disk, if every page of it is present."""
 
+    def locate_run(self, file: FileKey) -> tuple[Location, list[int]] | None:
+        """A large version kept whole in one data file with every page present: that
+        file as one Location (as :meth:`locate_file`, but without counting an access)
+        and each page's checksum, in page order; None otherwise (a small file, a
+        missing page, a store that keeps no such files). One answer per file for a
+        local reader, instead of a location per page."""
+        return None
+
     @abstractmethod
     def peek(self, key: PageKey) -> Location | None:
         """Where the page is, without counting an access."""

@@ -267,6 +267,21 @@ class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
         self._policy.touch(file)
         return Location(self._large.path(st.name), 0, st.size, 0, self.name)
 
+    def locate_run(self, file: FileKey) -> tuple[Location, list[int]] | None:
+        if self._is_down and self._down():
+            return None
+        st = self._cat.files.get(file)
+        if st is None or not st.large or len(st.pages) < st.npages:
+            return None
+        if st.expires_at and st.expires_at <= self._clock():
+            return None  # expired: dropped by the next access that counts
+        pages = self._cat.pages
+        try:
+            sums = [pages[file.page(i)].checksum for i in range(st.npages)]
+        except KeyError:
+            return None
+        return Location(self._large.path(st.name), 0, st.size, 0, self.name), sums
+
     @property
     def demote_to(self) -> PageStore | None:
         """The store right below that this tier's evicted pages go to (None: dropped)."""

@@ -115,6 +115,9 @@ class TieredStore(CacheStore):
     def locate_file(self, file: FileKey) -> Location | None:
         return self._first(lambda t: t.locate_file(file))
 
+    def locate_run(self, file: FileKey) -> tuple[Location, list[int]] | None:
+        return self._first(lambda t: t.locate_run(file))
+
     def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
         if meta.tiers or key.file.dataset in self._allowed:
             self._allowed[key.file.dataset] = meta.tiers

@@ -134,6 +134,10 @@ class FaultyPageStore(Tier):
         self.faults.check("locate_file")
         return self.inner.locate_file(file)
 
+    def locate_run(self, file: FileKey) -> tuple[Location, list[int]] | None:
+        self.faults.check("locate_run")
+        return self.inner.locate_run(file)
+
     def put(self, key: PageKey, data: bytes | memoryview, meta: PutMeta) -> bool:
         self.faults.check("put")
         return self.inner.put(key, data, meta)

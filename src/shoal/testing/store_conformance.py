@@ -101,6 +101,7 @@ class PageStoreConformance:
         assert loc is not None and read_location(loc) == data
         assert loc.checksum == xxhash.xxh3_64_intdigest(data)
         assert store.locate_file(fk) == loc
+        assert store.locate_run(fk) is None  # a small file: its one page is located
         u = store.usage()
         assert (u.files, u.pages) == (1, 1) and u.used >= len(data)
 
@@ -117,6 +118,7 @@ class PageStoreConformance:
         for i in (3, 0, 2):
             assert store.put(fk.page(i), data[i * PAGE : (i + 1) * PAGE], meta)
         assert store.locate_file(fk) is None  # page 1 is missing
+        assert store.locate_run(fk) is None
         assert store.get(fk.page(1)) is None
         assert store.put(fk.page(1), data[PAGE : 2 * PAGE], meta)
         for i in range(4):
@@ -128,6 +130,10 @@ class PageStoreConformance:
         whole = store.locate_file(fk)
         assert whole is not None and whole.length == len(data)
         assert read_location(whole) == data
+        run = store.locate_run(fk)
+        assert run is not None and run[0] == whole
+        pages = [data[i * PAGE : (i + 1) * PAGE] for i in range(4)]
+        assert run[1] == [xxhash.xxh3_64_intdigest(p) for p in pages]
         assert store.usage().pages == 4
 
     def test_put_validates_page_length(self, open_store: Callable[..., CacheStore]) -> None:

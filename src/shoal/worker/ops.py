@@ -5,8 +5,10 @@ catching up with a reader's definitions :mod:`shoal.worker.server`'s.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +37,9 @@ from shoal.worker.stats import Stats
 
 #: a whole dataset's locations are handed over in one answer up to this many files
 DATASET_LOCATE_MAX = 100_000
+#: a file of up to this many pages kept whole goes to a local reader as one run (its
+#: checksums are 8 bytes a page on the wire); a larger one goes in windows of pages
+MAX_RUN_PAGES = 16384
 #: pages one TOUCH item may bump (bounds the work of one frame)
 _TOUCH_PAGES_MAX = wire.MAX_TOUCH_PAGES
 _NO_DIR = LocateDirReply([], [], False)
@@ -116,16 +121,17 @@ class Ops:
         return Answer(DONE)
 
     def _drop_bad(
-        self, dataset: str, pages: Pages, keys: dict[tuple[str, int], int]
+        self, dataset: str, pages: Pages, index_of: Callable[[str, int], int | None]
     ) -> Callable[[str, list[Page]], None]:
         """What to do with pages a background check found bad: drop them (if the store
-        still holds those bytes), as a reader's DROP would."""
+        still holds those bytes), as a reader's DROP would. ``index_of(path, offset)``:
+        the page index of what the answer handed over there."""
         fk = FileKey(dataset, pages.info.path, pages.info.version)
         store = self.loader.store
 
         def drop(path: str, bad: list[Page]) -> None:
             for off, n, ck in bad:
-                index = keys.get((path, off))
+                index = index_of(path, off)
                 if index is None:
                     continue
                 key = fk.page(index)
@@ -148,13 +154,20 @@ class Ops:
         )
         return Answer(reply, pages.pieces, ufs=pages.ufs_bytes > 0)
 
-    def locate_answer(self, dataset: str, pages: Pages, ahead: int = 0) -> Answer:
+    def locate_answer(
+        self, dataset: str, pages: Pages, ahead: int = 0, runs: bool = False
+    ) -> Answer:
         """Where the requested pages are; plus, up to ``ahead`` bytes, the already cached
         pages that follow (never fetched for this), so a sequential reader of a large
         file needs one round trip per window instead of one per page; what is left of
         that budget goes to the cached pages right before them, so that a random
         reader of a file that fits the window needs one round trip, not one per
-        record-low offset it reads."""
+        record-low offset it reads. ``runs``: a file kept whole goes as one run, all
+        of it (:meth:`_run_answer`)."""
+        if runs:
+            whole = self._run_answer(dataset, pages)
+            if whole is not None:
+                return whole
         h = Handover()
         out: list[list[int]] = []
         pieces: list[Piece] = list(pages.pieces)
@@ -198,13 +211,58 @@ class Ops:
         except OSError:
             h.abort()
             raise
-        drop = self._drop_bad(dataset, pages, keys)
+        drop = self._drop_bad(dataset, pages, lambda path, off: keys.get((path, off)))
         stamps = self.verified.stamps(h, per_slot, drop)
-        total = sum(piece_len(p) for p in pages.pieces)
-        # the client reads these bytes itself, right away: they count as served locally
-        self.stats.served(dataset, total - min(total, pages.ufs_bytes), pages.ufs_bytes, True)
+        self._served_locally(dataset, pages)
         info = pages.info
         reply = LocateReply(info.version, info.size, info.mtime, first, out, h.ids, False, stamps)
+        return Answer(reply, fds=h.fds, ufs=pages.ufs_bytes > 0)
+
+    def _served_locally(self, dataset: str, pages: Pages) -> None:
+        # the client reads these bytes itself, right away: they count as served locally
+        total = sum(piece_len(p) for p in pages.pieces)
+        self.stats.served(dataset, total - min(total, pages.ufs_bytes), pages.ufs_bytes, True)
+
+    def _run_answer(self, dataset: str, pages: Pages) -> Answer | None:
+        """The whole file as one run (LocateReply.run) when it is kept whole in one data
+        file that holds the pages asked for, else None (answer page by page): the
+        worker's work is a checksum per page, the reader's one record per file."""
+        info = pages.info
+        ps = self.loader.table.get(dataset).policy.page_size
+        n = page_count(info.size, ps)
+        if info.size <= ps or n > MAX_RUN_PAGES:
+            return None
+        got = self.loader.store.locate_run(FileKey(dataset, info.path, info.version))
+        if got is None:
+            return None
+        loc, sums = got
+        if loc.length != info.size or len(sums) != n:
+            return None
+        # the pages just read must be that file's (not a copy in another tier)
+        if not all(isinstance(p, Location) and p.path == loc.path for p in pages.pieces):
+            return None
+        h = Handover()
+        try:
+            slot = h.slot(loc.path)
+        except OSError:
+            h.abort()
+            raise
+        assert slot == 0  # the first descriptor of an empty handover
+        base, size = loc.offset, info.size
+        mine = [(base + i * ps, min(ps, size - i * ps), ck) for i, ck in enumerate(sums)]
+
+        def index_of(path: str, off: int) -> int | None:
+            return (off - base) // ps if path == loc.path else None
+
+        stamps = self.verified.stamps(h, [mine], self._drop_bad(dataset, pages, index_of))
+        self._served_locally(dataset, pages)
+        packed = array.array("Q", sums)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        reply = LocateReply(
+            info.version, size, info.mtime, 0, [], h.ids, False, stamps, [slot, base, 0, n],
+            packed.tobytes(),
+        )  # fmt: skip
         return Answer(reply, fds=h.fds, ufs=pages.ufs_bytes > 0)
 
     def locate_dir(self, dataset: str, directory: str | None) -> Answer:

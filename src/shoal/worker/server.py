@@ -328,7 +328,7 @@ class DataService:
         if isinstance(req, LocateRequest):
             q = req
             pages = self.loader.try_cached(q.dataset, q.path, q.version, q.offset, q.length)
-            return None if pages is None else ops.locate_answer(q.dataset, pages, q.ahead)
+            return None if pages is None else ops.locate_answer(q.dataset, pages, q.ahead, q.runs)
         if isinstance(req, LocateDirRequest):
             return ops.locate_dir(req.dataset, req.directory)
         if isinstance(req, TouchRequest):
@@ -366,7 +366,7 @@ class DataService:
             if req.cached_only:  # never fetch: say it is a miss
                 return Answer(_MISS)
             pages = await loader.read(req.dataset, req.path, req.version, req.offset, req.length)
-            return ops.locate_answer(req.dataset, pages, req.ahead)
+            return ops.locate_answer(req.dataset, pages, req.ahead, req.runs)
         if isinstance(req, BatchRequest):
             return await ops.batch(req.dataset, req.paths, local)
         if isinstance(req, StatRequest):
