@@ -5,7 +5,6 @@ trusted only while the data file keeps its ctime, and a malformed run never used
 
 from __future__ import annotations
 
-import array
 import os
 import time
 from collections.abc import Iterator
@@ -48,7 +47,7 @@ def data(tmp_path: Path) -> Iterator[tuple[Path, bytes, Dataset, ClientCache]]:
 
 def _sums(want: bytes) -> bytes:
     pages = [want[i : i + PS] for i in range(0, len(want), PS)]
-    return array.array("Q", [xxhash.xxh3_64_intdigest(p) for p in pages]).tobytes()
+    return m.pack_sums([xxhash.xxh3_64_intdigest(p) for p in pages])
 
 
 def _locate(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import array
 import os
-import sys
 import time
 from collections.abc import Iterator
 
@@ -22,7 +21,13 @@ from shoal.client.cache import RUN_CHECK, ClientCache, FileRun, PageLoc
 from shoal.client.local import read_located
 from shoal.core.paging import page_count
 from shoal.core.types import Dataset, FileInfo
-from shoal.proto.messages import LocateDirReply, LocateReply, TouchItem, TouchRequest
+from shoal.proto.messages import (
+    LocateDirReply,
+    LocateReply,
+    TouchItem,
+    TouchRequest,
+    unpack_sums,
+)
 from shoal.proto.wire import MAX_TOUCH_ITEMS
 
 #: bytes of already cached pages past a located range a worker also hands over
@@ -108,11 +113,7 @@ def _run_of(
         or len(sums) != 8 * count
     ):
         return None
-    out = array.array("Q")
-    out.frombytes(sums)
-    if sys.byteorder != "little":
-        out.byteswap()
-    return slot, offset, first, count, out
+    return slot, offset, first, count, unpack_sums(sums)
 
 
 def _take_run(

@@ -220,13 +220,23 @@ def _run_read(
         keys.append((*rk, i))
         locs.append(PageLoc(run.fdkey, run.offset + j * ps, n, run.sums[j], run.worker, ps))
     base = first * ps
-    if len(locs) == 1:
-        got = _page(c, keys[0], locs[0], offset - base, end - base)
-    else:
-        got = _pages(c, keys, locs, offset - base, end - base)
+    got = _read_pages(c, keys, locs, offset - base, end - base)
     if got is None:
         c.runs.pop(rk, None)
     return got
+
+
+def _read_pages(
+    c: ClientCache, keys: list[LocKey], locs: list[PageLoc], start: int, end: int
+) -> bytes | None:
+    """Bytes [start, end) of consecutive located pages, counted from the first one's
+    start, verified; a page that cannot be read as located is forgotten."""
+    if len(locs) > 1:
+        return _pages(c, keys, locs, start, end)
+    data = _page(c, keys[0], locs[0], start, min(end, locs[0].length))
+    if data is None:
+        _forget(c, keys[0])
+    return data
 
 
 def _trust_due(c: ClientCache, now: float) -> None:
@@ -290,16 +300,8 @@ def read_located(
         keys.append(key)
         locs.append(loc)
     base = first * ps
-    if len(locs) == 1:
-        one = locs[0]
-        data = _page(c, keys[0], one, offset - base, min(end, base + one.length) - base)
-        if data is None:
-            _forget(c, keys[0])
-    else:
-        data = _pages(c, keys, locs, offset - base, end - base)
-    if data is None:
-        return None
-    if len(data) != end - offset:
+    data = _read_pages(c, keys, locs, offset - base, end - base)
+    if data is None or len(data) != end - offset:
         return None  # never a short read: the slow path asks the worker
     if touch:
         assert loc is not None  # the range is not empty

@@ -18,6 +18,8 @@ other's HELLO (see :func:`shoal.proto.wire.check_hello` and ``refuse_hello``).
 
 from __future__ import annotations
 
+import array
+import sys
 from collections.abc import Callable
 from dataclasses import field, fields
 from enum import IntEnum
@@ -354,6 +356,23 @@ class LocateReply(Reply):
     run: list[int] = field(default_factory=list)
     #: the run's page checksums, little-endian u64s in page order
     sums: bytes = b""
+
+
+def pack_sums(sums: list[int]) -> bytes:
+    """A run's page checksums as LocateReply.sums carries them (little-endian u64s)."""
+    out = array.array("Q", sums)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out.tobytes()
+
+
+def unpack_sums(raw: bytes) -> array.array[int]:
+    """LocateReply.sums back into checksums (a length that is a multiple of 8)."""
+    out = array.array("Q")
+    out.frombytes(raw)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out
 
 
 @record

@@ -5,10 +5,8 @@ catching up with a reader's definitions :mod:`shoal.worker.server`'s.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +27,7 @@ from shoal.proto.messages import (
     LocateReply,
     ReadReply,
     TouchItem,
+    pack_sums,
 )
 from shoal.store.base import Location
 from shoal.worker.handover import DirAnswers, Handover, Page, Verified, revoke
@@ -256,13 +255,10 @@ class Ops:
 
         stamps = self.verified.stamps(h, [mine], self._drop_bad(dataset, pages, index_of))
         self._served_locally(dataset, pages)
-        packed = array.array("Q", sums)
-        if sys.byteorder != "little":
-            packed.byteswap()
+        run = [slot, base, 0, n]
         reply = LocateReply(
-            info.version, size, info.mtime, 0, [], h.ids, False, stamps, [slot, base, 0, n],
-            packed.tobytes(),
-        )  # fmt: skip
+            info.version, size, info.mtime, 0, [], h.ids, False, stamps, run, pack_sums(sums)
+        )
         return Answer(reply, fds=h.fds, ufs=pages.ufs_bytes > 0)
 
     def locate_dir(self, dataset: str, directory: str | None) -> Answer:
