@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from shoal.client.handover import LOCATE_AHEAD
-from shoal.core.types import Mount
-from shoal.testing.cluster import TestCluster, start_cluster
+from shoal.testing.cluster import TestCluster, one_file_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -25,17 +24,9 @@ SIZE = LOCATE_AHEAD + 3 * MiB + 5
 
 @pytest.fixture
 def big(tmp_path: Path) -> Iterator[tuple[TestCluster, bytes]]:
-    src = tmp_path / "src"
-    src.mkdir()
     data = os.urandom(SIZE)
-    (src / "big.bin").write_bytes(data)
-    c = start_cluster(tmp_path / "c", workers=1, mem="0", disk="1GiB")
-    with c.client() as cl:
-        cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], None)
-    try:
+    with one_file_cluster(tmp_path, data, disk="1GiB") as c:
         yield c, data
-    finally:
-        c.stop()
 
 
 def test_a_large_file_is_located_once_per_reader(big: tuple[TestCluster, bytes]) -> None:

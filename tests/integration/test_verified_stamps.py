@@ -17,8 +17,7 @@ import pytest
 
 from shoal.client import Client
 from shoal.client.cache import RUN_CHECK
-from shoal.core.types import Mount
-from shoal.testing.cluster import TestCluster, start_cluster
+from shoal.testing.cluster import TestCluster, one_file_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -28,17 +27,9 @@ PATH = "/ds/m/big.bin"
 
 @pytest.fixture
 def one(tmp_path: Path) -> Iterator[tuple[TestCluster, bytes]]:
-    src = tmp_path / "src"
-    src.mkdir()
     data = random.Random(16).randbytes(3 * MiB + 99)
-    (src / "big.bin").write_bytes(data)
-    c = start_cluster(tmp_path / "c", workers=1, mem="0", disk="256MiB")
-    with c.client() as cl:
-        cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], None)
-    try:
+    with one_file_cluster(tmp_path, data) as c:
         yield c, data
-    finally:
-        c.stop()
 
 
 def _stamped(c: Client) -> dict[int, int]:

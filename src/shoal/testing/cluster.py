@@ -119,6 +119,22 @@ def start_cluster(dir: Path, workers: int = 2, **kw: object) -> TestCluster:
 
 
 @contextmanager
+def one_file_cluster(dir: Path, data: bytes, disk: str = "256MiB") -> Iterator[TestCluster]:
+    """A one-worker cluster (disk tier only) with dataset ``ds`` whose mount ``m`` is a
+    directory holding one file, ``big.bin`` (``/ds/m/big.bin``), of ``data``."""
+    src = dir / "src"
+    src.mkdir(parents=True)
+    (src / "big.bin").write_bytes(data)
+    c = start_cluster(dir / "c", workers=1, mem="0", disk=disk)
+    try:
+        with c.client() as cl:
+            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], None)
+        yield c
+    finally:
+        c.stop()
+
+
+@contextmanager
 def with_spare_master_address(dir: Path, workers: int = 2) -> Iterator[tuple[TestCluster, str]]:
     """A running cluster whose workers (and ``master_url``, for clients) know two
     master addresses: the running master's, then a free port where a second master --
