@@ -1,6 +1,8 @@
 """A new reader process of a cached large file asks the local worker once: the whole
 file comes back as one run (LocateReply.run), not in 256 MiB windows of a record per
-page, and every byte read from it is the file's."""
+page -- or, in a dataset that never revalidates, with the directory's other cached
+files in one LOCATE_DIR answer (LocateDirReply.runs) -- and every byte read from it is
+the file's."""
 
 from __future__ import annotations
 
@@ -12,25 +14,28 @@ from pathlib import Path
 import pytest
 
 from shoal.client.handover import LOCATE_AHEAD
-from shoal.testing.cluster import TestCluster, one_file_cluster
+from shoal.core.types import Mount
+from shoal.testing.cluster import TestCluster, one_file_cluster, start_cluster
+from shoal.worker.ops import DIR_RUNS
 
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
+PS = 64 << 10
 PATH = "/ds/m/big.bin"
 #: past one LOCATE window, so that a reader of it page by page asked twice before
 SIZE = LOCATE_AHEAD + 3 * MiB + 5
 
 
-@pytest.fixture
-def big(tmp_path: Path) -> Iterator[tuple[TestCluster, bytes]]:
+@pytest.fixture(params=["never", "3600s"])
+def big(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[TestCluster, bytes, str]]:
     data = os.urandom(SIZE)
-    with one_file_cluster(tmp_path, data, disk="1GiB") as c:
-        yield c, data
+    with one_file_cluster(tmp_path, data, "1GiB", {"staleness": request.param}) as c:
+        yield c, data, request.param
 
 
-def test_a_large_file_is_located_once_per_reader(big: tuple[TestCluster, bytes]) -> None:
-    cluster, data = big
+def test_a_large_file_is_located_once_per_reader(big: tuple[TestCluster, bytes, str]) -> None:
+    cluster, data, staleness = big
     with cluster.client() as warm:
         assert warm.read(PATH) == data  # cached whole
     with cluster.client() as reader:
@@ -39,6 +44,48 @@ def test_a_large_file_is_located_once_per_reader(big: tuple[TestCluster, bytes])
         for off in random.Random(3).sample(range(SIZE - 10), 50):  # any range, too
             assert reader.read(PATH, off, 3 * MiB) == data[off : off + 3 * MiB], off
         got = reader.counters()
-        assert got["local"] == 1  # the first read's LOCATE; the rest from its answer
-        assert got["short_circuit"] == len(range(0, SIZE, MiB)) - 1 + 50
+        reads = len(range(0, SIZE, MiB)) + 50
+        if staleness == "never":
+            # the first read's LOCATE_DIR located it: every read a hit, no LOCATE
+            assert (got["local"], got["short_circuit"]) == (0, reads)
+        else:
+            # the first read's LOCATE (each open revalidates: no directory answers)
+            assert (got["local"], got["short_circuit"]) == (1, reads - 1)
         assert got["corrupt"] == 0
+
+
+def test_a_directory_of_large_and_small_files_takes_no_locate_per_file(
+    tmp_path: Path,
+) -> None:
+    """A new reader of a directory of cached files of one and of several pages (an
+    image-like mix) asks for the directory's locations once; past DIR_RUNS large files
+    in one answer the rest are located one LOCATE each, and every byte is right."""
+    rng = random.Random(7)
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    want = {}
+    for i in range(DIR_RUNS + 6):  # 3-5 pages of 64 KiB, some pages short
+        want[f"d/big{i:03d}"] = rng.randbytes(rng.randrange(2 * PS + 1, 5 * PS))
+    for i in range(40):
+        want[f"d/small{i:03d}"] = rng.randbytes(rng.randrange(1, PS))
+    for name, b in want.items():
+        (src / name).write_bytes(b)
+    c = start_cluster(tmp_path / "c", workers=1, mem="0", disk="256MiB")
+    try:
+        with c.client() as cl:
+            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], {"page_size": "64KiB"})
+            for name, b in want.items():
+                assert cl.read(f"/ds/m/{name}") == b  # cached
+        with c.client() as reader:
+            order = sorted(want)
+            rng.shuffle(order)
+            for name in order:
+                assert reader.read(f"/ds/m/{name}") == want[name], name
+            got = reader.counters()
+        # one LOCATE_DIR taught the small files and DIR_RUNS of the large ones; each
+        # other large file took a LOCATE of its own
+        assert got["local"] == 6
+        assert got["short_circuit"] == len(want) - 6
+        assert got["corrupt"] == 0
+    finally:
+        c.stop()

@@ -16,8 +16,8 @@ import xxhash
 
 from shoal.client import local
 from shoal.client.cache import RUN_CHECK, ClientCache
-from shoal.client.handover import take_locations
-from shoal.core.types import CachePolicy, Dataset, Mount
+from shoal.client.handover import take_dir, take_locations
+from shoal.core.types import CachePolicy, Dataset, FileInfo, Mount
 from shoal.proto import messages as m
 
 PS = 4096
@@ -117,3 +117,83 @@ def test_a_malformed_run_is_never_used(
     with pytest.raises(OSError):
         os.fstat(fd)  # closed, not leaked
     assert c.info(ds, "f") is not None  # its metadata is still learnt
+
+
+# -- runs in LOCATE_DIR answers ---------------------------------------------------------
+
+
+def _dir(c: ClientCache, ds: Dataset, path: Path, runs: Any, sums: Any, stamps: Any = None) -> bool:
+    """take_dir of an answer holding the file as a run and nothing else."""
+    st = os.stat(path)
+    fd = os.open(path, os.O_RDONLY)
+    reply = m.LocateDirReply([], [[st.st_dev, st.st_ino]], True, runs, sums, stamps or [0])
+    return take_dir(c, "w", ds, "", reply, [fd])
+
+
+def test_a_directory_answer_locates_a_large_file_with_its_metadata(
+    data: tuple[Path, bytes, Dataset, ClientCache], settled: None
+) -> None:
+    path, want, ds, c = data
+    assert _dir(c, ds, path, [["f", "v1", SIZE, 7.5, 0, 0]], _sums(want))
+    info = c.info(ds, "f")
+    assert info is not None and (info.size, info.version, info.mtime) == (SIZE, "v1", 7.5)
+    assert list(c.runs) == [KEY] and not c.locs
+    for off, n in [(0, -1), (PS - 1, 2), (3 * PS + 50, 99)]:
+        end = SIZE if n < 0 else min(SIZE, off + n)
+        assert local.read_located(c, ds, "f", off, n) == want[off:end], (off, n)
+    assert c.counters.short_circuit == 3  # each read a hit, reported to the worker later
+    assert [t[4] for t in c.touch_log] == [4, 2, 1]  # pages read, reported later
+
+
+def test_a_directory_answer_stamp_is_the_workers_check_of_the_run(
+    data: tuple[Path, bytes, Dataset, ClientCache], settled: None
+) -> None:
+    path, want, ds, c = data
+    ctime = os.stat(path).st_ctime_ns
+    assert _dir(c, ds, path, [["f", "v1", SIZE, 1.0, 0, 0]], _sums(want), [ctime])
+    assert c.verified == {(*KEY, RUN_CHECK): ctime}
+    assert local.read_located(c, ds, "f", 0, -1) == want
+    assert set(c.verified) == {(*KEY, RUN_CHECK)}  # trusted: no page checked here
+
+
+def test_a_directory_answer_leaves_another_version_alone(
+    data: tuple[Path, bytes, Dataset, ClientCache], settled: None
+) -> None:
+    path, want, ds, c = data
+    c.remember("ds", FileInfo("f", SIZE, "v0", 1.0))  # this process reads v0
+    assert _dir(c, ds, path, [["f", "v1", SIZE, 1.0, 0, 0]], _sums(want))
+    info = c.info(ds, "f")
+    assert info is not None and info.version == "v0" and not c.runs
+
+
+@pytest.mark.parametrize(
+    ("runs", "sums", "stamps"),
+    [
+        ([["f", "v1", SIZE, 1.0, 0, 0]], b"\0" * 8, None),  # sums of another length
+        ([["f", "v1", SIZE, 1.0, 1, 0]], None, None),  # no such descriptor
+        ([["f", "v1", PS, 1.0, 0, 0]], None, None),  # one page: not a run
+        ([["f", "v1", SIZE, 1.0, 0, -1]], None, None),
+        ([["f", "v1", SIZE, "1", 0, 0]], None, None),
+        ([["f", "v1", SIZE, 1.0, 0]], None, None),
+        (["run"], None, None),
+        ("runs", None, None),
+        ([["f", "v1", SIZE, 1.0, 0, 0]], "not bytes", None),
+    ],
+)
+def test_a_malformed_directory_run_is_never_used(
+    data: tuple[Path, bytes, Dataset, ClientCache], runs: Any, sums: Any, stamps: Any
+) -> None:
+    path, want, ds, c = data
+    _dir(c, ds, path, runs, _sums(want) if sums is None else sums, stamps)
+    assert not c.runs and c.info(ds, "f") is None
+    assert local.read_located(c, ds, "f", 0, -1) is None  # the slow path asks the worker
+
+
+def test_odd_directory_stamps_mean_check_every_page(
+    data: tuple[Path, bytes, Dataset, ClientCache], settled: None
+) -> None:
+    path, want, ds, c = data
+    assert _dir(c, ds, path, [["f", "v1", SIZE, 1.0, 0, 0]], _sums(want), ["x"])
+    assert not c.verified
+    assert local.read_located(c, ds, "f", 0, -1) == want
+    assert set(c.verified) == {(*KEY, i) for i in range(4)}  # checked here, page by page

@@ -21,7 +21,7 @@ VALID: dict[Op, list[Any]] = {
     Op.LOCATE: ["ds", P, "v1", 0, 100, True, 256 << 20, 0, None, True],
     Op.TOUCH: ["ds", [[P, "v", 1, 100], [P, "", 0, 0]]],
     Op.DROP: ["ds", P, "v", 0],
-    Op.LOCATE_DIR: ["ds", None, 0, None],
+    Op.LOCATE_DIR: ["ds", None, 0, None, True],
 }
 
 

@@ -60,6 +60,17 @@ REPLIES: list[tuple[m.Request[Any], Any]] = [
         m.LocateDirRequest("ds", "data/000"),
         m.LocateDirReply([(P, "etag-1", 1234, 0, 0, 1234, 99)], [[1, 2]], True),
     ),
+    (
+        m.LocateDirRequest("ds", "data/000", 1 << 20, 3, True),
+        m.LocateDirReply(
+            [(P, "etag-1", 1234, 0, 0, 1234, 99)],
+            [[1, 2], [3, 4]],
+            True,
+            [("data/000/big", "etag-2", (2 << 20) + 1, 1.5e9, 1, 0)],
+            m.pack_sums([5, 6, 7]),
+            [0, 123],
+        ),
+    ),
     (m.TouchRequest("ds", ()), m.DONE),
     (m.DropRequest("ds", P, "v", 0), m.DONE),
 ]
@@ -84,13 +95,20 @@ def test_every_reply_round_trips_through_a_frame(req: m.Request[Any], reply: Any
     assert (req_id, epoch, data) == (41, 5, b"abc")
     want = reply
     if isinstance(reply, m.LocateDirReply):  # items come back as lists
-        want = dataclasses.replace(reply, items=_wire(reply.items))
+        want = dataclasses.replace(reply, items=_wire(reply.items), runs=_wire(reply.runs))
     assert back == want and type(back) is type(reply)
 
 
 def test_a_packed_reply_is_sent_as_it_is() -> None:
     reply = m.LocateDirReply([], [], False)
     packed = Packed(wire.pack(reply.encode()))
+    assert m.encode_reply(1, 2, packed) == m.encode_reply(1, 2, reply)
+
+
+def test_a_kept_directory_answer_takes_its_stamps_as_the_last_field() -> None:
+    reply = REPLIES[-3][1]
+    assert isinstance(reply, m.LocateDirReply) and reply.stamps
+    packed = m.with_stamps(reply.encode_unstamped(), reply.stamps)
     assert m.encode_reply(1, 2, packed) == m.encode_reply(1, 2, reply)
 
 

@@ -240,7 +240,7 @@ class DirectReads:
         return data
 
     def _locate_dir(self, w: WorkerAddr, ds: Dataset, directory: str | None) -> bool:
-        req = LocateDirRequest(ds.name, directory, ds.policy.page_size, ds.generation)
+        req = LocateDirRequest(ds.name, directory, ds.policy.page_size, ds.generation, True)
         m, fds = self._call(w, req, True)
         return take_dir(self.cache, w.id, ds, directory, m, fds)
 

@@ -190,7 +190,53 @@ def take_dir(
         elif known[0].version == v:
             locs[(name, path, v, 0)] = PageLoc(keys[slot], off, n, ck, wid, ps)
         # else: this process already reads another version of it
+    if m.runs:
+        _take_dir_runs(c, wid, ds, m, keys)
     return m.full and (directory is not None or bool(m.items))
+
+
+_RUN_TYPES = (str, str, int, (int, float), int, int)
+
+
+def _take_dir_runs(
+    c: ClientCache, wid: str, ds: Dataset, m: LocateDirReply, keys: list[tuple[int, int]]
+) -> None:
+    """Install a LOCATE_DIR answer's runs, if well formed (decode leaves the trailing
+    fields unchecked; else none is used): each file's metadata (unless this process
+    reads another version of it) and its run, as a LOCATE answer's would be."""
+    runs, raw, stamps, ps = m.runs, m.sums, m.stamps, ds.policy.page_size
+    if type(runs) is not list or type(raw) is not bytes or ps <= 0:
+        return
+    counts: list[int] = []
+    for r in runs:
+        if (
+            type(r) is not list
+            or len(r) != 6
+            or not all(map(isinstance, r, _RUN_TYPES))
+            or r[2] <= ps
+            or not 0 <= r[4] < len(keys)
+            or r[5] < 0
+        ):
+            return
+        counts.append(page_count(r[2], ps))
+    if len(raw) != 8 * sum(counts):
+        return
+    if (
+        type(stamps) is not list
+        or len(stamps) != len(keys)
+        or not all(type(x) is int for x in stamps)
+    ):
+        stamps = [0] * len(keys)
+    sums = unpack_sums(raw)
+    at = 0
+    for (path, v, size, mtime, slot, off), n in zip(runs, counts, strict=True):
+        mine, at = sums[at : at + n], at + n
+        known = c.meta.get((ds.name, path))
+        if known is None:
+            c.remember(ds.name, FileInfo(path, size, v, mtime))
+        elif known[0].version != v:
+            continue  # this process already reads another version of it
+        _take_run(c, wid, ds, path, v, keys, stamps, (slot, off, 0, n, mine))
 
 
 def touch_batches(c: ClientCache) -> Iterator[tuple[str, TouchRequest]]:

@@ -120,7 +120,7 @@ class ShortCircuit:
         """Install a LOCATE_DIR answer; whether it held every cached file asked for."""
         ps = ds.policy.page_size
         try:
-            req = LocateDirRequest(ds.name, directory, ps, ds.generation)
+            req = LocateDirRequest(ds.name, directory, ps, ds.generation, True)
             resp = await self.router.send(w, req, True)
         except TimedOut:
             raise  # a hung worker: the read goes on to the next owner now

@@ -39,6 +39,9 @@ Types = tuple[tuple[type, ...], ...]
 TouchItem = tuple[str, str | None, int, int]
 #: one LOCATE_DIR item: path, version, size, fd slot, offset, length, checksum
 DirItem = tuple[str, str, int, int, int, int, int]
+#: one LOCATE_DIR run, a file of several pages kept whole: path, version, size, mtime,
+#: fd slot, offset of its first page (its checksums in LocateDirReply.sums)
+DirRun = tuple[str, str, int, float, int, int]
 
 _S, _I, _L, _B = (str,), (int,), (list,), (bool,)
 _NUM = (int, float)
@@ -397,14 +400,36 @@ class LocateRequest(Request[LocateReply]):
 
 @record
 class LocateDirReply(Reply):
-    """Cached small files of a directory (or dataset); descriptors ride along."""
+    """Cached small files of a directory (or dataset) and, asked for ``runs``, some of
+    its files of several pages kept whole, each as one run; descriptors ride along."""
 
     TYPES: ClassVar[Types] = (_L, _L, _B)
     LISTS: ClassVar[tuple[tuple[int, int], ...]] = ((0, 7), (1, 2))
+    #: runs, sums, stamps: sent only to a reader that asked for runs (older readers
+    #: drop them; a reader checks their shapes itself before it uses them)
+    TAIL: ClassVar[int] = 3
     items: list[DirItem] = field(default_factory=list)
     fds: list[list[int]] = field(default_factory=list)
-    #: False when descriptors ran out and some cached files were left out
+    #: False when descriptors ran out and some cached small files were left out (runs
+    #: are best effort: a file left out of them is located by itself)
     full: bool = False
+    runs: list[DirRun] = field(default_factory=list)
+    #: every run's page checksums, run after run, as LocateReply.sums
+    sums: bytes = b""
+    #: per fd: the ctime_ns at which the worker checked every run page in it, or 0
+    stamps: list[int] = field(default_factory=list)
+
+    def encode_unstamped(self) -> bytes:
+        """The packed answer without its stamps, kept by a worker between requests
+        (the stamps change as its checks finish): :func:`with_stamps` completes it."""
+        return wire.pack(self.encode()[:-1])
+
+
+def with_stamps(unstamped: bytes, stamps: list[int]) -> Packed:
+    """A LocateDirReply packed by ``encode_unstamped`` with ``stamps`` appended: the
+    array's one-byte header (a fixarray of 5) counts one more field."""
+    assert unstamped[0] == 0x95  # msgpack fixarray of 5
+    return Packed(b"\x96" + unstamped[1:] + wire.pack(stamps))
 
 
 @record
@@ -417,6 +442,8 @@ class LocateDirRequest(Request[LocateDirReply]):
     directory: str | None
     page_size: int = 0
     generation: int | None = None
+    #: the reader takes files of several pages as runs (LocateDirReply.runs)
+    runs: bool = False
 
 
 # -- TOUCH, DROP ------------------------------------------------------------------------

@@ -46,11 +46,15 @@ TOUCH       TouchRequest [dataset, [[path, version,     Done [] (hits served by 
 DROP        DropRequest [dataset, path, version,        Done [] (a reader saw a bad
             index]                                      checksum)
 LOCATE_DIR  LocateDirRequest [dataset, directory,       LocateDirReply [[[path, version,
-            page_size, generation]                      size, fd_slot, offset, len, ck],
-                                                        ...], [[dev, ino], ...], full]
-                                                        + SCM_RIGHTS (cached small files of
-                                                        a directory; directory None: of the
-                                                        whole dataset, if small enough)
+            page_size, generation, runs]                size, fd_slot, offset, len, ck],
+                                                        ...], [[dev, ino], ...], full,
+                                                        [[path, version, size, mtime,
+                                                        fd_slot, offset], ...], sums,
+                                                        [ctime_ns, ...]] + SCM_RIGHTS
+                                                        (cached small files of a directory,
+                                                        and runs of its large ones if asked;
+                                                        directory None: of the whole
+                                                        dataset, if small enough)
 ==========  ==========================================  ====================================
 
 A BATCH item's ``status`` is an :class:`~shoal.proto.messages.ItemStatus`: OK (its
@@ -349,7 +353,7 @@ _ARGS: dict[Op, tuple[int, tuple[tuple[type, ...], ...]]] = {
     Op.LOCATE: (5, (_S, _S, _SN, _I, _I, _B, _I, _I, _IN, _B)),
     Op.TOUCH: (2, (_S, _L)),
     Op.DROP: (4, (_S, _S, _S, _I)),
-    Op.LOCATE_DIR: (2, (_S, _SN, _I, _IN)),
+    Op.LOCATE_DIR: (2, (_S, _SN, _I, _IN, _B)),
 }
 #: positions of integer arguments that must not be negative (length may be -1)
 _NON_NEGATIVE: dict[Op, tuple[int, ...]] = {

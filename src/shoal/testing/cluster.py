@@ -119,16 +119,19 @@ def start_cluster(dir: Path, workers: int = 2, **kw: object) -> TestCluster:
 
 
 @contextmanager
-def one_file_cluster(dir: Path, data: bytes, disk: str = "256MiB") -> Iterator[TestCluster]:
-    """A one-worker cluster (disk tier only) with dataset ``ds`` whose mount ``m`` is a
-    directory holding one file, ``big.bin`` (``/ds/m/big.bin``), of ``data``."""
+def one_file_cluster(
+    dir: Path, data: bytes, disk: str = "256MiB", policy: dict[str, str] | None = None
+) -> Iterator[TestCluster]:
+    """A one-worker cluster (disk tier only) with dataset ``ds`` (of ``policy``) whose
+    mount ``m`` is a directory holding one file, ``big.bin`` (``/ds/m/big.bin``), of
+    ``data``."""
     src = dir / "src"
     src.mkdir(parents=True)
     (src / "big.bin").write_bytes(data)
     c = start_cluster(dir / "c", workers=1, mem="0", disk=disk)
     try:
         with c.client() as cl:
-            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], None)
+            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], policy)
         yield c
     finally:
         c.stop()

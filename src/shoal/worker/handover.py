@@ -37,6 +37,9 @@ log = logging.getLogger("shoal.worker")
 DIR_CACHE_BYTES = 64 << 20
 #: descriptors kept open for them, at most (then everything is dropped and rebuilt)
 DIR_CACHE_FDS = 1024
+#: seconds a kept answer's stamps are sent again as they are (once all are set):
+#: working them out is a lookup per run page
+DIR_STAMPS_FOR = 10.0
 #: seconds a data file's check stands; past it the next handover checks it again, so
 #: bit rot below the kernel (bytes that changed with no write) is caught by then
 VERIFY_EVERY = 900.0
@@ -94,8 +97,25 @@ class Handover:
         self.fds.clear()
 
 
+@dataclass(slots=True)
+class DirAnswer:
+    """One LOCATE_DIR answer as kept: packed without its stamps (LocateDirReply's
+    ``encode_unstamped``), with what restamping it takes -- the run pages it hands
+    over per descriptor and what to do with those a check finds bad -- and the stamps
+    last worked out (``stamped_at``, monotonic)."""
+
+    meta: bytes
+    handover: Handover
+    #: asked with ``runs``: the answer ends in stamps (else ``meta`` is sent as is)
+    runs: bool = False
+    run_pages: list[list[Page]] = field(default_factory=list)
+    on_bad: OnBad | None = None
+    stamps: list[int] | None = None
+    stamped_at: float = 0.0
+
+
 class DirAnswers:
-    """Encoded LOCATE_DIR answers with their descriptors, valid while ``stamp()`` holds.
+    """LOCATE_DIR answers with their descriptors, valid while ``stamp()`` holds.
 
     ``stamp`` returns None when the store cannot say whether it changed: then nothing
     is kept. Descriptors are owned here (the sender must not close them) and closed
@@ -107,30 +127,35 @@ class DirAnswers:
         self._at: Any = None
         self._limit = limit
         self._bytes = 0
-        #: (dataset, directory) -> (generation, manifest, encoded meta, paths)
-        self._answers: OrderedDict[tuple[str, str | None], tuple[int, str, bytes, list[str]]] = (
+        #: (dataset, directory, runs) -> (generation, manifest, answer)
+        self._answers: OrderedDict[tuple[str, str | None, bool], tuple[int, str, DirAnswer]] = (
             OrderedDict()
         )
         #: backing file -> open descriptor, shared by every answer naming it
         self._fds: dict[str, int] = {}
         self.hits = 0
 
-    def get(self, ds: Dataset, directory: str | None) -> tuple[bytes, list[int]] | None:
-        """The encoded answer and the descriptors to send with it, if still valid."""
+    def get(
+        self, ds: Dataset, directory: str | None, runs: bool
+    ) -> tuple[DirAnswer, list[int]] | None:
+        """The answer and the descriptors to send with it, if still valid."""
         if not self._valid(ds):
             return None
-        hit = self._answers.get((ds.name, directory))
+        key = (ds.name, directory, runs)
+        hit = self._answers.get(key)
         if hit is None or hit[0] != ds.generation or hit[1] != ds.manifest:
             return None
-        self._answers.move_to_end((ds.name, directory))
+        self._answers.move_to_end(key)
         self.hits += 1
-        return hit[2], [self._fds[p] for p in hit[3]]
+        ans = hit[2]
+        return ans, [self._fds[p] for p in ans.handover.paths]
 
-    def put(self, ds: Dataset, directory: str | None, meta: bytes, h: Handover) -> list[int] | None:
+    def put(self, ds: Dataset, directory: str | None, ans: DirAnswer) -> list[int] | None:
         """Keep an answer worked out just now; the descriptors to send with it (owned
         here from now on), or None if it is not kept (the caller sends and closes
-        ``h.fds`` as usual)."""
-        if not self._valid(ds) or len(meta) > self._limit // 4:
+        ``ans.handover.fds`` as usual)."""
+        h = ans.handover
+        if not self._valid(ds) or len(ans.meta) > self._limit // 4:
             return None
         if len(self._fds) + len(h.paths) > DIR_CACHE_FDS:
             self.clear()
@@ -143,15 +168,15 @@ class DirAnswers:
                 os.close(fd)
             fds.append(have)
         h.fds.clear()
-        key = (ds.name, directory)
+        key = (ds.name, directory, ans.runs)
         old = self._answers.pop(key, None)
         if old is not None:
-            self._bytes -= len(old[2])
-        self._answers[key] = (ds.generation, ds.manifest, meta, h.paths)
-        self._bytes += len(meta)
+            self._bytes -= len(old[2].meta)
+        self._answers[key] = (ds.generation, ds.manifest, ans)
+        self._bytes += len(ans.meta)
         while self._bytes > self._limit and len(self._answers) > 1:
             _, dropped = self._answers.popitem(last=False)
-            self._bytes -= len(dropped[2])
+            self._bytes -= len(dropped[2].meta)
         return fds
 
     def _valid(self, ds: Dataset) -> bool:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import xxhash
 
 from shoal.core.paging import page_count
-from shoal.core.types import NEVER, FileKey
+from shoal.core.types import NEVER, Dataset, FileInfo, FileKey, PageKey
 from shoal.errors import InvalidArgument, ShoalError
 from shoal.proto import wire
 from shoal.proto.messages import (
@@ -22,15 +23,26 @@ from shoal.proto.messages import (
     BatchItem,
     BatchReply,
     DirItem,
+    DirRun,
     ItemStatus,
     LocateDirReply,
     LocateReply,
     ReadReply,
     TouchItem,
     pack_sums,
+    with_stamps,
 )
 from shoal.store.base import Location
-from shoal.worker.handover import DirAnswers, Handover, Page, Verified, revoke
+from shoal.worker.handover import (
+    DIR_STAMPS_FOR,
+    DirAnswer,
+    DirAnswers,
+    Handover,
+    OnBad,
+    Page,
+    Verified,
+    revoke,
+)
 from shoal.worker.loader import Loader, Pages, Piece, fits
 from shoal.worker.stats import Stats
 
@@ -39,6 +51,10 @@ DATASET_LOCATE_MAX = 100_000
 #: a file of up to this many pages kept whole goes to a local reader as one run (its
 #: checksums are 8 bytes a page on the wire); a larger one goes in windows of pages
 MAX_RUN_PAGES = 16384
+#: files of several pages one LOCATE_DIR answer hands over as runs, at most (each is a
+#: descriptor the reader holds), and their pages in all (8 bytes of checksum each)
+DIR_RUNS = 64
+DIR_RUN_PAGES = 65536
 #: pages one TOUCH item may bump (bounds the work of one frame)
 _TOUCH_PAGES_MAX = wire.MAX_TOUCH_PAGES
 _NO_DIR = LocateDirReply([], [], False)
@@ -81,6 +97,11 @@ def _verify(loc: Location) -> bool:
     return len(data) == loc.length and xxhash.xxh3_64_intdigest(data) == loc.checksum
 
 
+def run_pages(base: int, size: int, ps: int, sums: list[int]) -> list[Page]:
+    """The pages of a file of ``size`` bytes kept whole from ``base`` in a data file."""
+    return [(base + i * ps, min(ps, size - i * ps), ck) for i, ck in enumerate(sums)]
+
+
 class Ops:
     """The per-op work of the data path, over one loader and its statistics."""
 
@@ -119,21 +140,17 @@ class Ops:
             revoke(loc.path)
         return Answer(DONE)
 
-    def _drop_bad(
-        self, dataset: str, pages: Pages, index_of: Callable[[str, int], int | None]
-    ) -> Callable[[str, list[Page]], None]:
+    def _drop_bad(self, key_of: Callable[[str, int], PageKey | None]) -> OnBad:
         """What to do with pages a background check found bad: drop them (if the store
-        still holds those bytes), as a reader's DROP would. ``index_of(path, offset)``:
-        the page index of what the answer handed over there."""
-        fk = FileKey(dataset, pages.info.path, pages.info.version)
+        still holds those bytes), as a reader's DROP would. ``key_of(path, offset)``:
+        the page the answer handed over there."""
         store = self.loader.store
 
         def drop(path: str, bad: list[Page]) -> None:
             for off, n, ck in bad:
-                index = index_of(path, off)
-                if index is None:
+                key = key_of(path, off)
+                if key is None:
                     continue
-                key = fk.page(index)
                 loc = store.peek(key)
                 if loc is not None and Location(path, off, n, ck, loc.tier) == loc:
                     store.drop_corrupt(key)  # still the bytes checked: counted by the store
@@ -210,7 +227,13 @@ class Ops:
         except OSError:
             h.abort()
             raise
-        drop = self._drop_bad(dataset, pages, lambda path, off: keys.get((path, off)))
+        fk = FileKey(dataset, pages.info.path, pages.info.version)
+
+        def key_of(path: str, off: int) -> PageKey | None:
+            i = keys.get((path, off))
+            return None if i is None else fk.page(i)
+
+        drop = self._drop_bad(key_of)
         stamps = self.verified.stamps(h, per_slot, drop)
         self._served_locally(dataset, pages)
         info = pages.info
@@ -248,12 +271,13 @@ class Ops:
             raise
         assert slot == 0  # the first descriptor of an empty handover
         base, size = loc.offset, info.size
-        mine = [(base + i * ps, min(ps, size - i * ps), ck) for i, ck in enumerate(sums)]
+        fk = FileKey(dataset, info.path, info.version)
 
-        def index_of(path: str, off: int) -> int | None:
-            return (off - base) // ps if path == loc.path else None
+        def key_of(path: str, off: int) -> PageKey | None:
+            return fk.page((off - base) // ps) if path == loc.path else None
 
-        stamps = self.verified.stamps(h, [mine], self._drop_bad(dataset, pages, index_of))
+        mine = run_pages(base, size, ps, sums)
+        stamps = self.verified.stamps(h, [mine], self._drop_bad(key_of))
         self._served_locally(dataset, pages)
         run = [slot, base, 0, n]
         reply = LocateReply(
@@ -261,34 +285,56 @@ class Ops:
         )
         return Answer(reply, fds=h.fds, ufs=pages.ufs_bytes > 0)
 
-    def locate_dir(self, dataset: str, directory: str | None) -> Answer:
+    def locate_dir(self, dataset: str, directory: str | None, runs: bool = False) -> Answer:
         """Locations of every small file of a directory (None: of the whole dataset, up to
         DATASET_LOCATE_MAX files) that is cached at the version this worker would serve,
         so a new reader process needs one round trip per directory or dataset, not one
         per file. Only under "never revalidate": otherwise each open revalidates.
-        ``full`` is False when descriptors ran out and some cached files were left out."""
+        ``full`` is False when descriptors ran out and some cached files were left out.
+        ``runs``: up to DIR_RUNS files of several pages kept whole go too, as runs."""
         ds = self.loader.table.get(dataset)
         store = self.loader.store
         if ds.policy.staleness != NEVER:
             return Answer(_NO_DIR)
         if directory is None and (store.file_count(dataset) or 0) > DATASET_LOCATE_MAX:
             return Answer(_NO_DIR)
-        kept = self.dirs.get(ds, directory)
+        kept = self.dirs.get(ds, directory, runs)
         if kept is not None:
-            return Answer(wire.Packed(kept[0]), fds=kept[1], own_fds=False)
+            return Answer(self._dir_meta(kept[0]), fds=kept[1], own_fds=False)
+        ans = self._dir_answer(ds, directory, runs)
+        fds = self.dirs.put(ds, directory, ans)
+        if fds is None:
+            return Answer(self._dir_meta(ans), fds=ans.handover.fds)
+        return Answer(self._dir_meta(ans), fds=fds, own_fds=False)
+
+    def _dir_answer(self, ds: Dataset, directory: str | None, runs: bool) -> DirAnswer:
+        """Work a LOCATE_DIR answer out: small files first, then runs with the
+        descriptors left (a directory of large files must not crowd out the small)."""
+        store, ps = self.loader.store, ds.policy.page_size
         h = Handover()
         items: list[DirItem] = []
+        large: list[tuple[FileKey, FileInfo, Location, list[int]]] = []
+        budget = DIR_RUN_PAGES
         full = True
+        dataset = ds.name
         files = (
             store.files(dataset) if directory is None else store.files_in_dir(dataset, directory)
         )
         try:
             for fk in files:
                 info = self.loader.current(ds, fk.path)
-                if info is None or info.version != fk.version or info.size > ds.policy.page_size:
+                if info is None or info.version != fk.version:
+                    continue
+                if info.size > ps:
+                    n = page_count(info.size, ps)
+                    if runs and len(large) < DIR_RUNS and n <= budget:
+                        got = store.locate_run(fk)
+                        if got is not None and got[0].length == info.size and len(got[1]) == n:
+                            large.append((fk, info, got[0], got[1]))
+                            budget -= n
                     continue
                 loc = store.peek(fk.page(0))  # the client reports its reads later
-                if loc is None or not fits(loc, info.size, ds.policy.page_size, 0):
+                if loc is None or not fits(loc, info.size, ps, 0):
                     continue
                 slot = h.slot(loc.path)
                 if slot is None:
@@ -297,14 +343,46 @@ class Ops:
                 items.append(
                     (fk.path, fk.version, info.size, slot, loc.offset, loc.length, loc.checksum)
                 )
+            out: list[DirRun] = []
+            sums: list[int] = []
+            pages: list[list[Page]] = []
+            where: dict[str, tuple[FileKey, int]] = {}  # data file -> its run
+            for fk, info, loc, ck in large:
+                slot = h.slot(loc.path)
+                if slot is None:
+                    break  # no descriptors left: those files are located one by one
+                out.append((fk.path, fk.version, info.size, info.mtime, slot, loc.offset))
+                sums += ck
+                pages += [[] for _ in range(slot + 1 - len(pages))]
+                pages[slot] += run_pages(loc.offset, info.size, ps, ck)
+                where[loc.path] = (fk, loc.offset)
         except OSError:
             h.abort()
             raise
-        meta = wire.Packed(wire.pack(LocateDirReply(items, h.ids, full).encode()))
-        fds = self.dirs.put(ds, directory, meta, h)
-        if fds is None:
-            return Answer(meta, fds=h.fds)
-        return Answer(meta, fds=fds, own_fds=False)
+        reply = LocateDirReply(items, h.ids, full)
+        if not runs:
+            return DirAnswer(wire.pack(reply.encode()), h)
+        pages += [[] for _ in range(len(h.ids) - len(pages))]
+
+        def key_of(path: str, off: int) -> PageKey | None:
+            got = where.get(path)
+            return None if got is None else got[0].page((off - got[1]) // ps)
+
+        reply = LocateDirReply(items, h.ids, full, out, pack_sums(sums))
+        return DirAnswer(reply.encode_unstamped(), h, True, pages, self._drop_bad(key_of))
+
+    def _dir_meta(self, ans: DirAnswer) -> wire.Packed:
+        """A kept answer as sent: with stamps worked out now, or lately if all were set
+        (while one is not, each answer asks again: checks finish in the background)."""
+        if not ans.runs:
+            return wire.Packed(ans.meta)
+        now = time.monotonic()
+        stamps = ans.stamps
+        if stamps is None or not all(stamps) or now - ans.stamped_at > DIR_STAMPS_FOR:
+            assert ans.on_bad is not None
+            stamps = ans.stamps = self.verified.stamps(ans.handover, ans.run_pages, ans.on_bad)
+            ans.stamped_at = now
+        return with_stamps(ans.meta, stamps)
 
     def touch(self, dataset: str, items: tuple[TouchItem, ...]) -> Answer:
         files = nbytes = 0

@@ -330,7 +330,7 @@ class DataService:
             pages = self.loader.try_cached(q.dataset, q.path, q.version, q.offset, q.length)
             return None if pages is None else ops.locate_answer(q.dataset, pages, q.ahead, q.runs)
         if isinstance(req, LocateDirRequest):
-            return ops.locate_dir(req.dataset, req.directory)
+            return ops.locate_dir(req.dataset, req.directory, req.runs)
         if isinstance(req, TouchRequest):
             return ops.touch(req.dataset, req.items)
         if isinstance(req, BatchRequest):
@@ -355,7 +355,7 @@ class DataService:
             return Answer(self.hello())
         await self._check_layout(req)
         if isinstance(req, LocateDirRequest):
-            return ops.locate_dir(req.dataset, req.directory)
+            return ops.locate_dir(req.dataset, req.directory, req.runs)
         loader = self.loader
         if isinstance(req, ReadRequest):
             if req.cached_only:  # a peer's ask: never fetch (a miss is said, not loaded)
