@@ -197,3 +197,28 @@ def test_odd_directory_stamps_mean_check_every_page(
     assert not c.verified
     assert local.read_located(c, ds, "f", 0, -1) == want
     assert set(c.verified) == {(*KEY, i) for i in range(4)}  # checked here, page by page
+
+
+def test_each_run_of_an_answer_takes_its_own_checksums(
+    data: tuple[Path, bytes, Dataset, ClientCache], settled: None
+) -> None:
+    """Two files in one answer, of 4 and 2 pages: the sums are sliced run by run (a
+    slice one off would fail every page check of the second)."""
+    path, want, ds, c = data
+    other = path.parent / "g.data"
+    two = os.urandom(PS + 7)
+    other.write_bytes(two)
+    ids, fds = [], []
+    for p in (path, other):
+        st = os.stat(p)
+        ids.append([st.st_dev, st.st_ino])
+        fds.append(os.open(p, os.O_RDONLY))
+    runs = [["f", "v1", SIZE, 1.0, 0, 0], ["g", "v2", len(two), 1.0, 1, 0]]
+    sums = _sums(want) + m.pack_sums(
+        [xxhash.xxh3_64_intdigest(two[:PS]), xxhash.xxh3_64_intdigest(two[PS:])]
+    )
+    reply = m.LocateDirReply([], ids, True, runs, sums, [0, 0])
+    assert take_dir(c, "w", ds, "", reply, fds)
+    assert local.read_located(c, ds, "f", 0, -1) == want
+    assert local.read_located(c, ds, "g", 0, -1) == two
+    assert c.counters.corrupt == 0 and not c.bad_pages

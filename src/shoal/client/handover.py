@@ -171,6 +171,8 @@ def take_dir(
         for fd in fds:
             os.close(fd)
         return False
+    if len(c.fds) + len(ids) > c.max_fds:
+        c.drop_locations()  # now, not halfway through installing this answer
     keys = []
     for key, fd in zip(ids, fds, strict=True):
         keys.append(c.add_fd(key, fd))
@@ -234,7 +236,7 @@ def _take_dir_runs(
         known = c.meta.get((ds.name, path))
         if known is None:
             c.remember(ds.name, FileInfo(path, size, v, mtime))
-        elif known[0].version != v:
+        elif (known[0].version, known[0].size) != (v, size):
             continue  # this process already reads another version of it
         _take_run(c, wid, ds, path, v, keys, stamps, (slot, off, 0, n, mine))
 

@@ -405,7 +405,7 @@ class LocateDirReply(Reply):
 
     TYPES: ClassVar[Types] = (_L, _L, _B)
     LISTS: ClassVar[tuple[tuple[int, int], ...]] = ((0, 7), (1, 2))
-    #: runs, sums, stamps: sent only to a reader that asked for runs (older readers
+    #: runs, sums, stamps: empty unless the reader asked for runs (older readers
     #: drop them; a reader checks their shapes itself before it uses them)
     TAIL: ClassVar[int] = 3
     items: list[DirItem] = field(default_factory=list)
@@ -428,7 +428,8 @@ class LocateDirReply(Reply):
 def with_stamps(unstamped: bytes, stamps: list[int]) -> Packed:
     """A LocateDirReply packed by ``encode_unstamped`` with ``stamps`` appended: the
     array's one-byte header (a fixarray of 5) counts one more field."""
-    assert unstamped[0] == 0x95  # msgpack fixarray of 5
+    if unstamped[:1] != b"\x95":  # msgpack fixarray of 5
+        raise ValueError("not a LocateDirReply packed without its stamps")
     return Packed(b"\x96" + unstamped[1:] + wire.pack(stamps))
 
 

@@ -40,6 +40,8 @@ DIR_CACHE_FDS = 1024
 #: seconds a kept answer's stamps are sent again as they are (once all are set):
 #: working them out is a lookup per run page
 DIR_STAMPS_FOR = 10.0
+#: bytes a kept answer's record of one run page takes (a tuple of three ints)
+_PAGE_COST = 128
 #: seconds a data file's check stands; past it the next handover checks it again, so
 #: bit rot below the kernel (bytes that changed with no write) is caught by then
 VERIFY_EVERY = 900.0
@@ -91,6 +93,18 @@ class Handover:
             self.ctimes.append(st.st_ctime_ns)
         return slot
 
+    def refresh(self) -> None:
+        """Take each file's ctime again (a kept answer's descriptors outlive many
+        changes of ctime that move no page: a revoke, a chmod); a path that is another
+        file now keeps the old one, which no check of that file can match."""
+        for slot, path in enumerate(self.paths):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if [st.st_dev, st.st_ino] == self.ids[slot]:
+                self.ctimes[slot] = st.st_ctime_ns
+
     def abort(self) -> None:
         for fd in self.fds:
             os.close(fd)
@@ -112,6 +126,11 @@ class DirAnswer:
     on_bad: OnBad | None = None
     stamps: list[int] | None = None
     stamped_at: float = 0.0
+
+    @property
+    def cost(self) -> int:
+        """Bytes it holds, about: the packed answer and each run page's record."""
+        return len(self.meta) + _PAGE_COST * sum(map(len, self.run_pages))
 
 
 class DirAnswers:
@@ -155,7 +174,7 @@ class DirAnswers:
         here from now on), or None if it is not kept (the caller sends and closes
         ``ans.handover.fds`` as usual)."""
         h = ans.handover
-        if not self._valid(ds) or len(ans.meta) > self._limit // 4:
+        if not self._valid(ds) or ans.cost > self._limit // 4:
             return None
         if len(self._fds) + len(h.paths) > DIR_CACHE_FDS:
             self.clear()
@@ -171,12 +190,12 @@ class DirAnswers:
         key = (ds.name, directory, ans.runs)
         old = self._answers.pop(key, None)
         if old is not None:
-            self._bytes -= len(old[2].meta)
+            self._bytes -= old[2].cost
         self._answers[key] = (ds.generation, ds.manifest, ans)
-        self._bytes += len(ans.meta)
+        self._bytes += ans.cost
         while self._bytes > self._limit and len(self._answers) > 1:
             _, dropped = self._answers.popitem(last=False)
-            self._bytes -= len(dropped[2].meta)
+            self._bytes -= dropped[2].cost
         return fds
 
     def _valid(self, ds: Dataset) -> bool:

@@ -53,8 +53,8 @@ DATASET_LOCATE_MAX = 100_000
 MAX_RUN_PAGES = 16384
 #: files of several pages one LOCATE_DIR answer hands over as runs, at most (each is a
 #: descriptor the reader holds), and their pages in all (8 bytes of checksum each)
-DIR_RUNS = 64
-DIR_RUN_PAGES = 65536
+DIR_RUNS = 32
+DIR_RUN_PAGES = 16384
 #: pages one TOUCH item may bump (bounds the work of one frame)
 _TOUCH_PAGES_MAX = wire.MAX_TOUCH_PAGES
 _NO_DIR = LocateDirReply([], [], False)
@@ -327,7 +327,7 @@ class Ops:
                     continue
                 if info.size > ps:
                     n = page_count(info.size, ps)
-                    if runs and len(large) < DIR_RUNS and n <= budget:
+                    if runs and len(large) < DIR_RUNS and n <= min(budget, MAX_RUN_PAGES):
                         got = store.locate_run(fk)
                         if got is not None and got[0].length == info.size and len(got[1]) == n:
                             large.append((fk, info, got[0], got[1]))
@@ -380,6 +380,8 @@ class Ops:
         stamps = ans.stamps
         if stamps is None or not all(stamps) or now - ans.stamped_at > DIR_STAMPS_FOR:
             assert ans.on_bad is not None
+            if stamps is not None:
+                ans.handover.refresh()  # checks stand at the files' ctimes of now
             stamps = ans.stamps = self.verified.stamps(ans.handover, ans.run_pages, ans.on_bad)
             ans.stamped_at = now
         return with_stamps(ans.meta, stamps)
