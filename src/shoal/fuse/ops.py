@@ -174,8 +174,11 @@ class FileSystem(DirectoryOps, PassthroughOps):
             self.by_path[path] = n
         if info is not None and self._apply(n, info):
             # a new version seen by revalidation (staleness bound, TTL): the kernel's
-            # pages and attributes of the old one must go now, not at the next open
-            self.notify_soon([p.encode_inval_inode(n.ino)])
+            # pages and attributes of the old one must go now, not at the next open --
+            # and, with kernel-open, before the reply that carries the new attributes
+            # (a read right after it would otherwise race the invalidation and could
+            # get the old pages: same size and mtime, so AUTO_INVAL_DATA keeps them)
+            self.invalidate_soon(n.ino)
         n.at = time.monotonic()
         n.attr = self._attr(n)
         return n
