@@ -1,6 +1,9 @@
 import time
 
+import pytest
+
 from shoal.core.manifest import Entry, Manifest
+from shoal.errors import ProtocolError
 
 
 def m(paths: list[str], v: str = "v1") -> Manifest:
@@ -54,3 +57,65 @@ def test_nanosecond_mtimes_round_trip_and_format_1_is_read() -> None:
     old = Manifest.from_bytes(msgpack.packb(v1, use_bin_type=True))
     got = old.get("m/a")
     assert got is not None and got.mtime == 1.5 and got.mtime_ns == 1_500_000_000
+
+
+def _v3(man: Manifest, **change: object) -> bytes:
+    import msgpack
+
+    body = msgpack.unpackb(man.to_bytes(), raw=False)
+    assert body["v"] == 3
+    body.update(change)
+    out: bytes = msgpack.packb(body, use_bin_type=True)
+    return out
+
+
+def test_columns_round_trip_every_field_and_ls_takes_a_prefix() -> None:
+    ns = 1_700_000_000_123_456_789
+    entries = [
+        Entry("m/a", 10, "va", ns / 1e9, ns),
+        Entry("m/d/b", 1 << 40, "vb", 1.5),
+        Entry("m/l", 0, "vl", 2.0, 0, "m/a"),  # a symbolic link to m/a
+    ]
+    back = Manifest.from_bytes(Manifest("ds", entries, 3.0).to_bytes())
+    assert back.built_at == 3.0 and [back.get(e.path) for e in entries] == entries
+    listed = back.ls("m", "/ds/")
+    assert [(e.path, e.size, e.version, e.is_dir, e.link) for e in listed] == [
+        ("/ds/m/a", 10, "va", False, ""),
+        ("/ds/m/d", 0, "", True, ""),
+        ("/ds/m/l", 0, "vl", False, "m/a"),
+    ]
+    assert listed[0].mtime_ns == ns and listed[0].mtime == ns / 1e9
+
+
+def test_format_2_rows_are_still_read() -> None:
+    import msgpack
+
+    ns = 1_700_000_000_123_456_789
+    rows = [["m/a", 1, "v", ns / 1e9, ns], ["m/l", 0, "w", 2.0, 0, "m/a"]]
+    v2 = {"v": 2, "dataset": "ds", "built_at": 1.0, "entries": rows}
+    old = Manifest.from_bytes(msgpack.packb(v2, use_bin_type=True))
+    a, link = old.get("m/a"), old.get("m/l")
+    assert a is not None and a.mtime_ns == ns
+    assert link is not None and link.link == "m/a" and link.version == "w"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"paths": ["m/b", "m/a"]},  # not sorted: ls and stat bisect it
+        {"paths": ["m/a", "m/a"]},  # not unique
+        {"paths": ["m/a", 7]},
+        {"versions": ["v"]},  # another length
+        {"versions": ["v", None]},
+        {"sizes": b"\0" * 8},  # one item short
+        {"mtimes": "not bytes"},
+        {"ns": None},
+        {"links": [[5, "m/a"]]},  # no such entry
+        {"links": [[0, ""]]},
+        {"paths": "m/a"},
+    ],
+)
+def test_a_malformed_manifest_is_a_protocol_error(change: dict[str, object]) -> None:
+    man = Manifest("ds", [Entry("m/a", 1, "v", 1.0), Entry("m/b", 2, "v", 1.0)], 1.0)
+    with pytest.raises(ProtocolError, match="unreadable manifest"):
+        Manifest.from_bytes(_v3(man, **change))

@@ -135,18 +135,12 @@ class Metadata:
         ds.mount(np.mount)
         man = await self.control.manifest(ds)
         if man is not None:
-            entry = man.get(np.key_path)
             if man.is_dir(np.key_path):
-                entries = man.ls(np.key_path)
-            elif entry is not None:
-                entries = [entry.info()]
-            else:
-                entries = None
-        if man is not None and entries is not None:
-            return [
-                FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir)
-                for e in entries
-            ]
+                return man.ls(np.key_path, f"/{ds.name}/")
+            entry = man.get(np.key_path)
+            if entry is not None:
+                e = entry.info()
+                return [FileInfo(f"/{ds.name}/{e.path}", e.size, e.version, e.mtime, e.is_dir)]
         req = ListRequest(ds.name, np.key_path, ds.generation)
         resp = await self.router.with_failover(ds, np, req)
         out = []

@@ -4,15 +4,21 @@ of thousands of LIST calls.
 
 Paths are key paths inside the dataset ('<mount>/<relative path>'), sorted, so the
 children of a directory are a contiguous run found by bisection. The wire form is
-msgpack: ``{"v": 2, "dataset", "built_at", "entries": [[path, size, version, mtime,
-mtime_ns(, link)]...]}`` (format 1, without mtime_ns, is still read; ``link`` only for
-symbolic links, see :class:`~shoal.core.types.FileInfo`).
+msgpack, by columns (format 3): ``{"v": 3, "dataset", "built_at", "paths": [...],
+"versions": [...], "sizes", "mtimes", "ns": little-endian arrays of int64, float64 and
+int64 as bytes, "links": [[index, link]...]}``, so that decoding a million files is a
+list of paths and three ``frombytes``, not a million rows (``link`` only for symbolic
+links, see :class:`~shoal.core.types.FileInfo`). Formats 1 and 2, rows ``{"entries":
+[[path, size, version, mtime(, mtime_ns(, link))]...]}``, are still read (manifests
+that masters stored before).
 """
 
 from __future__ import annotations
 
 import bisect
 import fnmatch
+import operator
+import sys
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,12 +27,12 @@ from typing import Any
 
 import msgpack
 
-from shoal.core.types import FileInfo, mtime_ns_of
+from shoal.core.types import FileInfo, Mtime, mtime_ns_of
 from shoal.errors import ProtocolError
 
-FORMAT = 2
+FORMAT = 3
 #: formats this code reads
-READS = (1, 2)
+READS = (1, 2, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,24 +153,50 @@ class Manifest:
         for i in self._under(prefix):
             yield self._entry(i)
 
-    def ls(self, path: str) -> list[FileInfo]:
-        """Direct children of a directory: files and subdirectories, sorted."""
+    def ls(self, path: str, prefix: str = "") -> list[FileInfo]:
+        """Direct children of a directory: files and subdirectories, sorted; each path
+        with ``prefix`` in front (a caller's namespace: "/<dataset>/"). One record per
+        child, made straight from the columns (a listing of a million files makes a
+        million of them, nothing else)."""
         base = path.rstrip("/")
         start = base + "/" if base else ""
         out: list[FileInfo] = []
-        i = bisect.bisect_left(self._paths, start)
-        n = len(self._paths)
-        while i < n and self._paths[i].startswith(start):
-            rest = self._paths[i][len(start) :]
-            slash = rest.find("/")
-            if slash < 0:
-                out.append(self._entry(i).info())
-                i += 1
-                continue
-            sub = start + rest[:slash]
-            out.append(FileInfo(sub, 0, "", 0.0, True))
+        paths, sizes, versions, mtimes, nss, links = (
+            self._paths,
+            self._sizes,
+            self._versions,
+            self._mtimes,
+            self._ns,
+            self._links,
+        )
+        cut = len(start)
+        i = bisect.bisect_left(paths, start)
+        n = len(paths)
+        while i < n and paths[i].startswith(start):
+            # the run of files right in this directory, up to the first subdirectory
+            j = i
+            while j < n and (p := paths[j]).startswith(start) and "/" not in p[cut:]:
+                j += 1
+            for k in range(i, j):
+                ns = nss[k]
+                out.append(
+                    FileInfo(
+                        prefix + paths[k],
+                        sizes[k],
+                        versions[k],
+                        Mtime(ns) if ns else mtimes[k],
+                        False,
+                        ns,
+                        links.get(k, "") if links else "",
+                    )
+                )
+            if j >= n or not paths[j].startswith(start):
+                break
+            rest = paths[j][cut:]
+            sub = start + rest[: rest.find("/")]
+            out.append(FileInfo(prefix + sub, 0, "", 0.0, True))
             # skip the whole subtree: everything that starts with sub + "/"
-            i = bisect.bisect_left(self._paths, sub + "0", i)  # '0' sorts right after '/'
+            i = bisect.bisect_left(paths, sub + "0", j)  # '0' sorts right after '/'
         return out
 
     def select(self, prefixes: list[str], glob: str | None = None) -> list[Entry]:
@@ -219,14 +251,17 @@ class Manifest:
     # -- wire -----------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        links = self._links
-        entries = [
-            [p, s, v, m, n, links[i]] if i in links else [p, s, v, m, n]
-            for i, (p, s, v, m, n) in enumerate(
-                zip(self._paths, self._sizes, self._versions, self._mtimes, self._ns, strict=True)
-            )
-        ]
-        body = {"v": FORMAT, "dataset": self.dataset, "built_at": self.built_at, "entries": entries}
+        body = {
+            "v": FORMAT,
+            "dataset": self.dataset,
+            "built_at": self.built_at,
+            "paths": self._paths,
+            "versions": self._versions,
+            "sizes": _le(self._sizes),
+            "mtimes": _le(self._mtimes),
+            "ns": _le(self._ns),
+            "links": [[i, link] for i, link in sorted(self._links.items())],
+        }
         out: bytes = msgpack.packb(body, use_bin_type=True)
         return out
 
@@ -234,12 +269,64 @@ class Manifest:
     def from_bytes(cls, raw: bytes) -> Manifest:
         try:
             body: Any = msgpack.unpackb(raw, raw=False)
-            if body.get("v") not in READS:
-                raise ProtocolError(f"manifest format {body.get('v')} is not one of {READS}")
+            v = body.get("v")
+            if v not in READS:
+                raise ProtocolError(f"manifest format {v} is not one of {READS}")
+            dataset, built_at = str(body["dataset"]), float(body.get("built_at", 0.0))
+            if v >= 3:
+                return cls._of_columns(dataset, body, built_at)
             rows = [_row_of(row) for row in body["entries"]]
-            return cls._of_rows(str(body["dataset"]), rows, float(body.get("built_at", 0.0)))
+            return cls._of_rows(dataset, rows, built_at)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise ProtocolError(f"unreadable manifest: {exc}") from None
+
+    @classmethod
+    def _of_columns(cls, dataset: str, body: dict[str, Any], built_at: float) -> Manifest:
+        """Format 3, checked (types, lengths, order) without a loop in Python per file
+        beyond the checks themselves, which run in C (map, all)."""
+        paths, versions = body["paths"], body["versions"]
+        n = len(paths)
+        if type(paths) is not list or type(versions) is not list or len(versions) != n:
+            raise ValueError("paths and versions are not lists of one length")
+        if not all(map(str.__instancecheck__, paths)) or not all(
+            map(str.__instancecheck__, versions)
+        ):
+            raise ValueError("a path or version is not a string")
+        # sorted and unique: ls and stat bisect it
+        if not all(map(operator.lt, paths, paths[1:])):
+            raise ValueError("paths are not sorted")
+        man = cls.__new__(cls)
+        man.dataset, man.built_at = dataset, built_at
+        man._paths, man._versions = paths, versions
+        man._sizes = _of_le("q", body["sizes"], n)
+        man._mtimes = _of_le("d", body["mtimes"], n)
+        man._ns = _of_le("q", body["ns"], n)
+        man._links = {}
+        for i, link in body.get("links", ()):
+            if type(i) is not int or not 0 <= i < n or type(link) is not str or not link:
+                raise ValueError("a link is not [index, target]")
+            man._links[i] = link
+        return man
+
+
+def _le(a: array[Any]) -> bytes:
+    """An array's bytes, little-endian."""
+    if sys.byteorder == "little":
+        return a.tobytes()
+    b = array(a.typecode, a)
+    b.byteswap()
+    return b.tobytes()
+
+
+def _of_le(typecode: str, raw: Any, n: int) -> array[Any]:
+    """An array of ``n`` items from little-endian bytes (ValueError if not that)."""
+    out = array(typecode)
+    if type(raw) is not bytes or len(raw) != n * out.itemsize:
+        raise ValueError(f"a column is not {n} items")
+    out.frombytes(raw)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out
 
 
 def _row_of(row: list[Any]) -> Row:
