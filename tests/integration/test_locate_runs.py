@@ -89,3 +89,40 @@ def test_a_directory_of_large_and_small_files_takes_no_locate_per_file(
         assert got["corrupt"] == 0
     finally:
         c.stop()
+
+
+def test_a_dataset_answer_short_of_runs_is_completed_by_directory_answers(
+    tmp_path: Path,
+) -> None:
+    """More large files than one answer holds, over several directories read in
+    random order (a training epoch): the whole dataset's answer goes first (the third
+    directory), each directory's answer brings the rest: no LOCATE for any file."""
+    rng = random.Random(8)
+    src = tmp_path / "src"
+    want = {}
+    for d in range(4):
+        (src / f"d{d}").mkdir(parents=True)
+        for i in range(DIR_RUNS):  # one directory's fill one answer
+            want[f"d{d}/big{i:03d}"] = rng.randbytes(rng.randrange(PS + 1, 3 * PS))
+        for i in range(10):
+            want[f"d{d}/small{i:03d}"] = rng.randbytes(rng.randrange(1, PS))
+    for name, b in want.items():
+        (src / name).write_bytes(b)
+    c = start_cluster(tmp_path / "c", workers=1, mem="0", disk="256MiB")
+    try:
+        with c.client() as cl:
+            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], {"page_size": "64KiB"})
+            for name, b in want.items():
+                assert cl.read(f"/ds/m/{name}") == b  # cached
+        with c.client() as reader:
+            # d3, d2, then d1: the third directory asks for the whole dataset's
+            # answer, whose runs are d0's; d1's must come from its own answer
+            order = ["d3/big000", "d2/big000", "d1/big000"]
+            rest = sorted(set(want) - set(order))
+            rng.shuffle(rest)
+            for name in order + rest:
+                assert reader.read(f"/ds/m/{name}") == want[name], name
+            got = reader.counters()
+        assert (got["local"], got["short_circuit"], got["corrupt"]) == (0, len(want), 0)
+    finally:
+        c.stop()

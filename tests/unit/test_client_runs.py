@@ -126,7 +126,7 @@ def _dir(c: ClientCache, ds: Dataset, path: Path, runs: Any, sums: Any, stamps: 
     """take_dir of an answer holding the file as a run and nothing else."""
     st = os.stat(path)
     fd = os.open(path, os.O_RDONLY)
-    reply = m.LocateDirReply([], [[st.st_dev, st.st_ino]], True, runs, sums, stamps or [0])
+    reply = m.LocateDirReply([], [[st.st_dev, st.st_ino]], True, runs, sums, stamps=stamps or [0])
     return take_dir(c, "w", ds, "", reply, [fd])
 
 
@@ -217,8 +217,22 @@ def test_each_run_of_an_answer_takes_its_own_checksums(
     sums = _sums(want) + m.pack_sums(
         [xxhash.xxh3_64_intdigest(two[:PS]), xxhash.xxh3_64_intdigest(two[PS:])]
     )
-    reply = m.LocateDirReply([], ids, True, runs, sums, [0, 0])
+    reply = m.LocateDirReply([], ids, True, runs, sums, stamps=[0, 0])
     assert take_dir(c, "w", ds, "", reply, fds)
     assert local.read_located(c, ds, "f", 0, -1) == want
     assert local.read_located(c, ds, "g", 0, -1) == two
     assert c.counters.corrupt == 0 and not c.bad_pages
+
+
+@pytest.mark.parametrize("runs_full", [True, False])
+def test_a_dataset_answer_short_of_runs_asks_for_the_directories(
+    data: tuple[Path, bytes, Dataset, ClientCache], runs_full: bool
+) -> None:
+    path, want, ds, c = data
+    st = os.stat(path)
+    fd = os.open(path, os.O_RDONLY)
+    runs = [["f", "v1", SIZE, 1.0, 0, 0]]
+    reply = m.LocateDirReply([], [[st.st_dev, st.st_ino]], True, runs, _sums(want), runs_full, [0])
+    # True: the answer held every cached file, no directory needs asking
+    assert take_dir(c, "w", ds, None, reply, [fd]) is runs_full
+    assert list(c.runs) == [KEY]  # what it held is used either way

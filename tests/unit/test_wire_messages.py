@@ -68,6 +68,7 @@ REPLIES: list[tuple[m.Request[Any], Any]] = [
             True,
             [("data/000/big", "etag-2", (2 << 20) + 1, 1.5e9, 1, 0)],
             m.pack_sums([5, 6, 7]),
+            False,
             [0, 123],
         ),
     ),

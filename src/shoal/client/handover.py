@@ -194,7 +194,11 @@ def take_dir(
         # else: this process already reads another version of it
     if m.runs:
         _take_dir_runs(c, wid, ds, m, keys)
-    return m.full and (directory is not None or bool(m.items))
+    if directory is None:
+        # a whole dataset's answer short of some of its runs: the directories read
+        # are asked for too (theirs fit), else each of those files takes a LOCATE
+        return m.full and bool(m.items or m.runs) and m.runs_full is not False
+    return m.full
 
 
 _RUN_TYPES = (str, str, int, (int, float), int, int)

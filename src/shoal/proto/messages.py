@@ -405,9 +405,9 @@ class LocateDirReply(Reply):
 
     TYPES: ClassVar[Types] = (_L, _L, _B)
     LISTS: ClassVar[tuple[tuple[int, int], ...]] = ((0, 7), (1, 2))
-    #: runs, sums, stamps: empty unless the reader asked for runs (older readers
-    #: drop them; a reader checks their shapes itself before it uses them)
-    TAIL: ClassVar[int] = 3
+    #: runs, sums, runs_full, stamps: empty unless the reader asked for runs (older
+    #: readers drop them; a reader checks their shapes itself before it uses them)
+    TAIL: ClassVar[int] = 4
     items: list[DirItem] = field(default_factory=list)
     fds: list[list[int]] = field(default_factory=list)
     #: False when descriptors ran out and some cached small files were left out (runs
@@ -416,6 +416,10 @@ class LocateDirReply(Reply):
     runs: list[DirRun] = field(default_factory=list)
     #: every run's page checksums, run after run, as LocateReply.sums
     sums: bytes = b""
+    #: every cached file of several pages kept whole is in ``runs`` (False: some were
+    #: left out, past the limits; a reader of a whole dataset's answer then asks for
+    #: its directories' too)
+    runs_full: bool = True
     #: per fd: the ctime_ns at which the worker checked every run page in it, or 0
     stamps: list[int] = field(default_factory=list)
 
@@ -427,10 +431,10 @@ class LocateDirReply(Reply):
 
 def with_stamps(unstamped: bytes, stamps: list[int]) -> Packed:
     """A LocateDirReply packed by ``encode_unstamped`` with ``stamps`` appended: the
-    array's one-byte header (a fixarray of 5) counts one more field."""
-    if unstamped[:1] != b"\x95":  # msgpack fixarray of 5
+    array's one-byte header (a fixarray of 6) counts one more field."""
+    if unstamped[:1] != b"\x96":  # msgpack fixarray of 6
         raise ValueError("not a LocateDirReply packed without its stamps")
-    return Packed(b"\x96" + unstamped[1:] + wire.pack(stamps))
+    return Packed(b"\x97" + unstamped[1:] + wire.pack(stamps))
 
 
 @record

@@ -315,7 +315,7 @@ class Ops:
         items: list[DirItem] = []
         large: list[tuple[FileKey, FileInfo, Location, list[int]]] = []
         budget = DIR_RUN_PAGES
-        full = True
+        full = runs_full = True
         dataset = ds.name
         files = (
             store.files(dataset) if directory is None else store.files_in_dir(dataset, directory)
@@ -327,11 +327,15 @@ class Ops:
                     continue
                 if info.size > ps:
                     n = page_count(info.size, ps)
-                    if runs and len(large) < DIR_RUNS and n <= min(budget, MAX_RUN_PAGES):
-                        got = store.locate_run(fk)
-                        if got is not None and got[0].length == info.size and len(got[1]) == n:
-                            large.append((fk, info, got[0], got[1]))
-                            budget -= n
+                    if not runs or n > MAX_RUN_PAGES:
+                        continue
+                    if len(large) >= DIR_RUNS or n > budget:
+                        runs_full = False  # maybe cached: past the limits, not looked at
+                        continue
+                    got = store.locate_run(fk)
+                    if got is not None and got[0].length == info.size and len(got[1]) == n:
+                        large.append((fk, info, got[0], got[1]))
+                        budget -= n
                     continue
                 loc = store.peek(fk.page(0))  # the client reports its reads later
                 if loc is None or not fits(loc, info.size, ps, 0):
@@ -350,7 +354,8 @@ class Ops:
             for fk, info, loc, ck in large:
                 slot = h.slot(loc.path)
                 if slot is None:
-                    break  # no descriptors left: those files are located one by one
+                    runs_full = False  # no descriptors left: located one by one
+                    break
                 out.append((fk.path, fk.version, info.size, info.mtime, slot, loc.offset))
                 sums += ck
                 pages += [[] for _ in range(slot + 1 - len(pages))]
@@ -368,7 +373,7 @@ class Ops:
             got = where.get(path)
             return None if got is None else got[0].page((off - got[1]) // ps)
 
-        reply = LocateDirReply(items, h.ids, full, out, pack_sums(sums))
+        reply = LocateDirReply(items, h.ids, full, out, pack_sums(sums), runs_full)
         return DirAnswer(reply.encode_unstamped(), h, True, pages, self._drop_bad(key_of))
 
     def _dir_meta(self, ans: DirAnswer) -> wire.Packed:
