@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,25 @@ def test_a_large_file_is_located_once_per_reader(big: tuple[TestCluster, bytes, 
         assert got["corrupt"] == 0
 
 
+@contextmanager
+def _cached(tmp_path: Path, want: dict[str, bytes]) -> Iterator[TestCluster]:
+    """A one-worker cluster whose dataset ``ds`` (64 KiB pages) mounts a directory of
+    ``want`` as ``m``, every file of it read once (cached whole)."""
+    src = tmp_path / "src"
+    for name, b in want.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(b)
+    c = start_cluster(tmp_path / "c", workers=1, mem="0", disk="256MiB")
+    try:
+        with c.client() as cl:
+            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], {"page_size": "64KiB"})
+            for name, b in want.items():
+                assert cl.read(f"/ds/m/{name}") == b
+        yield c
+    finally:
+        c.stop()
+
+
 def test_a_directory_of_large_and_small_files_takes_no_locate_per_file(
     tmp_path: Path,
 ) -> None:
@@ -61,34 +81,22 @@ def test_a_directory_of_large_and_small_files_takes_no_locate_per_file(
     image-like mix) asks for the directory's locations once; past DIR_RUNS large files
     in one answer the rest are located one LOCATE each, and every byte is right."""
     rng = random.Random(7)
-    src = tmp_path / "src"
-    (src / "d").mkdir(parents=True)
     want = {}
     for i in range(DIR_RUNS + 6):  # 3-5 pages of 64 KiB, some pages short
         want[f"d/big{i:03d}"] = rng.randbytes(rng.randrange(2 * PS + 1, 5 * PS))
     for i in range(40):
         want[f"d/small{i:03d}"] = rng.randbytes(rng.randrange(1, PS))
-    for name, b in want.items():
-        (src / name).write_bytes(b)
-    c = start_cluster(tmp_path / "c", workers=1, mem="0", disk="256MiB")
-    try:
-        with c.client() as cl:
-            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], {"page_size": "64KiB"})
-            for name, b in want.items():
-                assert cl.read(f"/ds/m/{name}") == b  # cached
-        with c.client() as reader:
-            order = sorted(want)
-            rng.shuffle(order)
-            for name in order:
-                assert reader.read(f"/ds/m/{name}") == want[name], name
-            got = reader.counters()
-        # one LOCATE_DIR taught the small files and DIR_RUNS of the large ones; each
-        # other large file took a LOCATE of its own
-        assert got["local"] == 6
-        assert got["short_circuit"] == len(want) - 6
-        assert got["corrupt"] == 0
-    finally:
-        c.stop()
+    with _cached(tmp_path, want) as c, c.client() as reader:
+        order = sorted(want)
+        rng.shuffle(order)
+        for name in order:
+            assert reader.read(f"/ds/m/{name}") == want[name], name
+        got = reader.counters()
+    # one LOCATE_DIR taught the small files and DIR_RUNS of the large ones; each
+    # other large file took a LOCATE of its own
+    assert got["local"] == 6
+    assert got["short_circuit"] == len(want) - 6
+    assert got["corrupt"] == 0
 
 
 def test_a_dataset_answer_short_of_runs_is_completed_by_directory_answers(
@@ -98,31 +106,19 @@ def test_a_dataset_answer_short_of_runs_is_completed_by_directory_answers(
     random order (a training epoch): the whole dataset's answer goes first (the third
     directory), each directory's answer brings the rest: no LOCATE for any file."""
     rng = random.Random(8)
-    src = tmp_path / "src"
     want = {}
     for d in range(4):
-        (src / f"d{d}").mkdir(parents=True)
         for i in range(DIR_RUNS):  # one directory's fill one answer
             want[f"d{d}/big{i:03d}"] = rng.randbytes(rng.randrange(PS + 1, 3 * PS))
         for i in range(10):
             want[f"d{d}/small{i:03d}"] = rng.randbytes(rng.randrange(1, PS))
-    for name, b in want.items():
-        (src / name).write_bytes(b)
-    c = start_cluster(tmp_path / "c", workers=1, mem="0", disk="256MiB")
-    try:
-        with c.client() as cl:
-            cl.create_dataset("ds", [Mount("m", f"file://{src}", {})], {"page_size": "64KiB"})
-            for name, b in want.items():
-                assert cl.read(f"/ds/m/{name}") == b  # cached
-        with c.client() as reader:
-            # d3, d2, then d1: the third directory asks for the whole dataset's
-            # answer, whose runs are d0's; d1's must come from its own answer
-            order = ["d3/big000", "d2/big000", "d1/big000"]
-            rest = sorted(set(want) - set(order))
-            rng.shuffle(rest)
-            for name in order + rest:
-                assert reader.read(f"/ds/m/{name}") == want[name], name
-            got = reader.counters()
-        assert (got["local"], got["short_circuit"], got["corrupt"]) == (0, len(want), 0)
-    finally:
-        c.stop()
+    with _cached(tmp_path, want) as c, c.client() as reader:
+        # d3, d2, then d1: the third directory asks for the whole dataset's
+        # answer, whose runs are d0's; d1's must come from its own answer
+        order = ["d3/big000", "d2/big000", "d1/big000"]
+        rest = sorted(set(want) - set(order))
+        rng.shuffle(rest)
+        for name in order + rest:
+            assert reader.read(f"/ds/m/{name}") == want[name], name
+        got = reader.counters()
+    assert (got["local"], got["short_circuit"], got["corrupt"]) == (0, len(want), 0)
