@@ -185,6 +185,15 @@ class Handover(Protocol):
         """Count an access to a page served elsewhere (a client read it through a
         handed-over descriptor); False on a miss."""
 
+    def touch_pages(self, file: FileKey, start: int, stop: int) -> int:
+        """:meth:`touch` pages ``start`` .. ``stop - 1`` of a file in order, up to the
+        first one missing; how many were counted. A client reports its reads of a
+        file as one item (TOUCH): a tier may count them without a call per page."""
+        for i in range(start, stop):
+            if not self.touch(file.page(i)):
+                return i - start
+        return max(0, stop - start)
+
     def changes(self) -> int | None:
         """A counter that moves whenever any page is added, dropped or moved, so that a
         caller may keep answers derived from locations until it moves; None = not

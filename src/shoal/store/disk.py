@@ -253,6 +253,30 @@ class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
         self._touch(key, e, now)
         return True
 
+    def touch_pages(self, file: FileKey, start: int, stop: int) -> int:
+        """As :meth:`touch` page by page (each page's statistics and index row; the
+        file's place in the eviction order as that many reads), with one clock
+        reading, one check of the tier's health and one eviction update for all."""
+        if stop <= start or (self._is_down and self._down()):
+            return 0
+        now = self._clock()
+        pages, touched = self._cat.pages, self._index.touch
+        n = 0
+        for i in range(start, stop):
+            key = PageKey(file, i)
+            e = pages.get(key)
+            if e is None:
+                break
+            if e.expires_at and e.expires_at <= now:
+                self._cat.drop_file(file)
+                return n
+            e.last_access = now
+            e.access_count += 1
+            touched(key, e)
+            n += 1
+        self._policy.touch_times(file, n)
+        return n
+
     def locate_file(self, file: FileKey) -> Location | None:
         if self._is_down and self._down():
             return None

@@ -44,6 +44,12 @@ class EvictionPolicy(ABC, Generic[K]):
     def touch(self, key: K) -> None:
         """The unit was read (ignored for unknown keys)."""
 
+    def touch_times(self, key: K, times: int) -> None:
+        """``times`` reads of the unit at once (the pages of a file a client read):
+        as ``touch`` that many times."""
+        for _ in range(times):
+            self.touch(key)
+
     @abstractmethod
     def remove(self, key: K) -> None:
         """The unit left the tier or was pinned (ignored for unknown keys)."""
@@ -114,6 +120,10 @@ class LRU(_OrderedPolicy[K]):
         if key in self._order:
             self._order.move_to_end(key)
 
+    def touch_times(self, key: K, times: int) -> None:
+        if times > 0:
+            self.touch(key)  # the last read is all recency knows
+
     def _sort_key(self, stats: UnitStats) -> tuple[float, ...]:
         return (stats.last_access, stats.inserted_at)
 
@@ -124,6 +134,9 @@ class FIFO(_OrderedPolicy[K]):
     name = "fifo"
 
     def touch(self, key: K) -> None:
+        pass
+
+    def touch_times(self, key: K, times: int) -> None:
         pass
 
     def _sort_key(self, stats: UnitStats) -> tuple[float, ...]:
@@ -166,6 +179,12 @@ class LFU(EvictionPolicy[K]):
         count = self._take(key)
         if count is not None:
             self._put(key, count + 1)
+
+    def touch_times(self, key: K, times: int) -> None:
+        if times > 0:
+            count = self._take(key)
+            if count is not None:
+                self._put(key, count + times)
 
     def remove(self, key: K) -> None:
         self._take(key)
@@ -255,6 +274,12 @@ class PerDataset(EvictionPolicy[Any]):
         sub = self._subs.get(key.dataset)
         if sub is not None:
             sub.touch(key)
+            self._used(key.dataset)
+
+    def touch_times(self, key: Any, times: int) -> None:
+        sub = self._subs.get(key.dataset)
+        if sub is not None and times > 0:
+            sub.touch_times(key, times)
             self._used(key.dataset)
 
     def remove(self, key: Any) -> None:

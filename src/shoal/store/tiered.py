@@ -112,6 +112,20 @@ class TieredStore(CacheStore):
     def touch(self, key: PageKey) -> bool:
         return any(tier.touch(key) for tier in self.tiers)
 
+    def touch_pages(self, file: FileKey, start: int, stop: int) -> int:
+        """Each page in the tier that holds it (a file split across tiers goes on in
+        the next one), up to the first page no tier holds."""
+        at = start
+        while at < stop:
+            for tier in self.tiers:
+                n = tier.touch_pages(file, at, stop)
+                if n:
+                    at += n
+                    break
+            else:
+                break
+        return at - start
+
     def locate_file(self, file: FileKey) -> Location | None:
         return self._first(lambda t: t.locate_file(file))
 
