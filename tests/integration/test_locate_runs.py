@@ -128,3 +128,37 @@ def test_a_dataset_answer_short_of_runs_is_completed_by_directory_answers(
             assert reader.read(f"/ds/m/{name}") == want[name], name
         got = reader.counters()
     assert (got["local"], got["short_circuit"], got["corrupt"]) == (0, len(want), 0)
+
+
+def _cache_fds(cluster: TestCluster) -> list[str]:
+    """This process's descriptors of files under the cluster's directory."""
+    root = str(cluster.dir)
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(root):
+            out.append(target)
+    return out
+
+
+def test_a_closed_client_keeps_no_descriptor_of_the_cache(tmp_path: Path) -> None:
+    """The descriptors a worker handed over (runs, segments) are closed with the
+    client: a process that makes and closes clients does not pile them up (before,
+    each client's stayed open for the life of the process: past 1,024 of them,
+    select() failed in the same process)."""
+    rng = random.Random(9)
+    want = {f"d/big{i}": rng.randbytes(3 * PS) for i in range(8)}
+    want.update({f"d/small{i}": rng.randbytes(100 + i) for i in range(5)})
+    with _cached(tmp_path, want) as c:
+        before = _cache_fds(c)
+        for _ in range(3):
+            with c.client() as reader:
+                for name in sorted(want):
+                    assert reader.read(f"/ds/m/{name}") == want[name], name
+                held = _cache_fds(c)
+                assert len(held) > len(before)  # it was handed descriptors
+                assert reader.counters()["short_circuit"] == len(want)
+            assert _cache_fds(c) == before

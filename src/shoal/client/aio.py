@@ -408,6 +408,7 @@ class AsyncClient:
         for ufs in self._ufs.values():
             await ufs.close()
         self._ufs.clear()
+        self.cache.drop_locations()  # the handed-over descriptors
 
     def abandon(self) -> None:
         """Drop loop-bound resources without touching the loop (after fork): the

@@ -137,6 +137,14 @@ class Client:
         if self._gen != FORKS[0]:
             self._after_fork()
             return
+        try:
+            self._close()
+        finally:
+            # the descriptors workers handed over (until now they outlived the client:
+            # a process that made and closed clients kept hundreds of them open)
+            self.cache.drop_locations()
+
+    def _close(self) -> None:
         self._direct.close()
         if self._made is not None:
             self._made[1].close()
