@@ -299,6 +299,7 @@ class Connection:
 
     async def _recv_with_fds(self, view: memoryview, fds: list[int]) -> int:
         loop = asyncio.get_running_loop()
+        wire.make_room_for_fds()
         while True:
             try:
                 n, anc, _flags, _ = self.sock.recvmsg_into([view], wire.FD_ANC)

@@ -93,6 +93,7 @@ class _Uds:
         fds: list[int] = []
         try:
             if want_fds:
+                wire.make_room_for_fds()
                 n, anc, _flags, _ = self.sock.recvmsg_into([view], wire.FD_ANC)
                 fds.extend(wire.fds_of(anc))
                 if n == 0:

@@ -27,6 +27,7 @@ from shoal.client.local import read_path, stat_path, touches_due
 from shoal.config import ClientSettings, master_from_env
 from shoal.core.types import Dataset, FileInfo, Mount
 from shoal.errors import ShoalError
+from shoal.proto import wire
 
 if TYPE_CHECKING:
     import asyncio
@@ -42,6 +43,7 @@ class Client:
         self, master: str | None = None, *, settings: ClientSettings | None = None
     ) -> None:
         self.settings = settings or ClientSettings(master=master_from_env(master))
+        wire.make_room_for_fds()  # now, while this thread is likely the only one
         self.cache = ClientCache()
         #: the async client and the blocking remote reads over it, built on first use
         self._made: tuple[AsyncClient, BlockingReads] | None = None
