@@ -244,14 +244,7 @@ class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
         return Location(path, e.offset, e.length, e.checksum, self.name)
 
     def touch(self, key: PageKey) -> bool:
-        if self._is_down and self._down():
-            return False
-        now = self._clock()
-        e = self._live(key, now)
-        if e is None:
-            return False
-        self._touch(key, e, now)
-        return True
+        return self.touch_pages(key.file, key.index, key.index + 1) == 1
 
     def touch_pages(self, file: FileKey, start: int, stop: int) -> int:
         """As :meth:`touch` page by page (each page's statistics and index row; the
