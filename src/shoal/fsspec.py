@@ -58,6 +58,7 @@ from shoal.fsspec_file import (
     stat_here,
 )
 from shoal.fsspec_unmounted import Underlying, UnmountedStats
+from shoal.proto import wire
 from shoal.readahead import PatternCache
 
 log = logging.getLogger("shoal.fsspec")
@@ -109,6 +110,8 @@ class ShoalFileSystem(AsyncFileSystem, ChainedFileSystem):
         cache_options: Mapping[str, Any] | None = None,
         **storage_options: Any,
     ) -> None:
+        # before fsspec's loop thread may start: see wire.make_room_for_fds
+        wire.make_room_for_fds()
         # s3fs's and gcsfs's names for the same
         alias_block = storage_options.pop("default_block_size", None)
         alias_cache = storage_options.pop("default_cache_type", None)

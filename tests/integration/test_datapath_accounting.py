@@ -81,6 +81,28 @@ def test_fsspec_reads_are_accounted(
     _check(_report(module_cluster, "acc-fsspec", N * PASSES), files, local=True)
 
 
+def test_a_fresh_fsspec_reader_of_cached_files_needs_no_async_client(
+    moto: MotoServer, module_cluster: TestCluster, bucket: str
+) -> None:
+    """A new process's first reads through fsspec are the sync client's blocking ones
+    (shoal.fsspec_file): byte-exact, whole and ranged, with no AsyncClient built, and
+    still reported to the worker as hits."""
+    files = _seed(moto, module_cluster, bucket, "acc-fresh")
+    with module_cluster.client() as c:
+        assert c.cat_many(list(files)) == files  # cached: N misses
+    fs = fsspec.filesystem("shoal", master=module_cluster.master_url, skip_instance_cache=True)
+    try:
+        for p, v in files.items():
+            assert fs.cat_file(p.lstrip("/")) == v
+            assert fs.cat_file(p, 100, 900) == v[100:900]
+        assert fs._conn.aio is None  # served on this thread, no loop was needed
+        d = _report(module_cluster, "acc-fresh", 3 * N)
+    finally:
+        fs.close()
+    assert (d["misses"], d["hits"]) == (N, 2 * N), d
+    assert d["bytes_by_source"]["local"] == sum(len(v) + 800 for v in files.values()), d
+
+
 def test_note_local_read_counts_a_local_hit(
     moto: MotoServer, module_cluster: TestCluster, bucket: str
 ) -> None:

@@ -284,12 +284,15 @@ def make_room_for_fds() -> None:
     forked child's table is only as large as the descriptors it inherited).
 
     The kernel grows the table on demand, as received descriptors need higher
-    numbers (in a process whose table another thread shares, a growth waits for an
-    RCU grace period: the likely cause): a new reader receiving a whole dataset's
-    answer (243 descriptors) waited 10-25 ms in ``recvmsg``, against 0.4-0.6 ms once
-    the table had grown before its threads started. Never closes or moves a descriptor in use
-    (``F_DUPFD`` takes the lowest free number at or above the one asked for); any
-    error leaves the table to the kernel."""
+    numbers, and in a process whose table another thread shares each growth waits
+    for an RCU grace period (``expand_fdtable`` in Linux's fs/file.c calls
+    ``synchronize_rcu()`` when ``files->count > 1``): a new reader receiving a whole
+    dataset's answer (243 descriptors) waited 10-25 ms in ``recvmsg``, against
+    0.4-0.6 ms once the table had grown before its threads started. Call it early,
+    before the process starts threads of its own (the sync client's constructor,
+    ShoalFileSystem's, before fsspec's loop thread). Never closes or moves a
+    descriptor in use (``F_DUPFD`` takes the lowest free number at or above the one
+    asked for); any error leaves the table to the kernel."""
     global _roomy_pid
     pid = os.getpid()
     if _roomy_pid == pid:
