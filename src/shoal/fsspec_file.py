@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from fsspec.asyn import sync
 from fsspec.spec import AbstractBufferedFile
 
 from shoal.client import AsyncClient
-from shoal.client.cache import ClientCache
+from shoal.client.cache import FORKS, ClientCache
 from shoal.client.direct import DirectReads
 from shoal.client.local import TOUCH_FLUSH, read_path, stat_path
 from shoal.config import ClientSettings
@@ -76,7 +75,8 @@ class ClientConn:
     def __init__(self) -> None:
         self.aio: AsyncClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.pid = os.getpid()
+        #: the process (its fork generation, FORKS) the AsyncClient was made in
+        self.gen = FORKS[0]
         #: (process, the blocking first reads of that process) while it has no AsyncClient
         self._direct: tuple[int, DirectReads] | None = None
         self._lock = threading.Lock()
@@ -84,44 +84,44 @@ class ClientConn:
     def direct(self, settings: ClientSettings, cache: ClientCache) -> DirectReads | None:
         """The blocking reads of the local worker's pages (see the module docstring),
         for as long as this process has no AsyncClient; None once it has one."""
-        pid = os.getpid()
-        if self.aio is not None and self.pid == pid:
+        gen = FORKS[0]  # on every fast-path hit: no getpid() system call
+        if self.aio is not None and self.gen == gen:
             return None
         held = self._direct
-        if held is not None and held[0] == pid:
+        if held is not None and held[0] == gen:
             return held[1]
         if held is not None:
             self._lock = threading.Lock()  # forked: the parent's may have been held
         with self._lock:  # one per process, whichever thread reads first
             held = self._direct
-            if held is not None and held[0] == pid:
+            if held is not None and held[0] == gen:
                 return held[1]
             if held is not None:
                 held[1].abandon()  # the parent's connections: closed here, never used
             d = DirectReads(settings, cache)
-            self._direct = (pid, d)
+            self._direct = (gen, d)
             return d
 
     def get(self, settings: ClientSettings, cache: ClientCache) -> AsyncClient:
         running = asyncio.get_running_loop()
         aio = self.aio
-        if aio is not None and self.loop is running and self.pid == os.getpid():
+        if aio is not None and self.loop is running and self.gen == FORKS[0]:
             return aio
         if aio is not None:
             aio.abandon()  # bound to another loop or a parent process: drop, don't await
         self.aio = aio = AsyncClient(settings, cache)
-        self.loop, self.pid = running, os.getpid()
+        self.loop, self.gen = running, FORKS[0]
         held = self._direct
-        if held is not None and held[0] == self.pid:
+        if held is not None and held[0] == self.gen:
             held[1].hand_over()  # the AsyncClient's ticker reports the hits from now on
         return aio
 
     def close(self) -> None:
         held, self._direct = self._direct, None
-        if held is not None and held[0] == os.getpid():
+        if held is not None and held[0] == FORKS[0]:
             held[1].close()  # sends the hits it holds, closes its connections
         aio, loop, self.aio = self.aio, self.loop, None
-        if aio is None or loop is None or self.pid != os.getpid():
+        if aio is None or loop is None or self.gen != FORKS[0]:
             return
         try:
             if not loop.is_running():
@@ -192,6 +192,6 @@ def _flush(fs: ShoalFileSystem) -> None:
     aio, loop, now = conn.aio, conn.loop, time.monotonic()
     if now - c.touched_at < FLUSH_GAP:
         return  # one on its way already
-    if aio is not None and loop is not None and loop.is_running() and conn.pid == os.getpid():
+    if aio is not None and loop is not None and loop.is_running() and conn.gen == FORKS[0]:
         c.touched_at = now
         asyncio.run_coroutine_threadsafe(aio.flush_touches(), loop)
