@@ -12,8 +12,10 @@ caller's thread, with no asyncio in between): a fresh process -- a DataLoader wo
 a script -- then pays for its first byte what ``Client.read`` pays, not for building
 the async client, its sessions and their connections on fsspec's loop first (a fresh
 reader's first 1 MiB read of a cached file: ~20 ms before, as the sync client's
-~5-6 ms after). Anything that path cannot serve, and everything once the
-AsyncClient exists, goes through fsspec's loop as before."""
+~5-6 ms after). ``open`` asks for the file's size first, and that stat is served
+the same way (a ``STAT`` on the same socket) when no cache holds it. Anything that
+path cannot serve, and everything once the AsyncClient exists, goes through fsspec's
+loop as before."""
 
 from __future__ import annotations
 
@@ -178,11 +180,19 @@ def read_here(fs: ShoalFileSystem, path: str, offset: int, length: int) -> bytes
 
 
 def stat_here(fs: ShoalFileSystem, path: str) -> FileInfo | None:
-    """A stat from the client's metadata cache or manifest, on the caller's thread."""
+    """A stat from the client's metadata cache or manifest, on the caller's thread, or
+    while this process has no AsyncClient yet, the blocking ``STAT`` of a local owner
+    (``open`` starts with a stat: a fresh reader's first read needs no loop either)."""
     if fs.target_protocol is not None:
         return None
     p = fs._strip_protocol(path)
-    return stat_path(fs.client_cache, "/" + p) if p else None
+    if not p:
+        return None
+    hit = stat_path(fs.client_cache, "/" + p)
+    if hit is not None:
+        return hit
+    direct = fs._conn.direct(fs.settings, fs.client_cache)
+    return None if direct is None else direct.stat("/" + p)
 
 
 def _flush(fs: ShoalFileSystem) -> None:

@@ -103,6 +103,52 @@ def test_a_fresh_fsspec_reader_of_cached_files_needs_no_async_client(
     assert d["bytes_by_source"]["local"] == sum(len(v) + 800 for v in files.values()), d
 
 
+def test_a_fresh_reader_opens_and_stats_a_cached_file_without_an_async_client(
+    moto: MotoServer, module_cluster: TestCluster, bucket: str
+) -> None:
+    """``open`` asks for the file's size first: in a new process that stat is the
+    blocking STAT of the local owner (shoal.client.direct), as is the sync client's
+    before it has a loop, with the answers the async path gives; a missing file leaves
+    that path on, and is still FileNotFoundError. A second miss in a directory goes to
+    the async path, which lists the directory once for the stats that follow."""
+    files = _seed(moto, module_cluster, bucket, "acc-open")
+    with module_cluster.client() as c:
+        assert c.cat_many(list(files)) == files
+        want = {p: c.stat(p) for p in files}  # the async path's answers
+    first, v = next(iter(files.items()))
+    fs = fsspec.filesystem("shoal", master=module_cluster.master_url, skip_instance_cache=True)
+    fresh = module_cluster.client()
+    try:
+        with fs.open(first.lstrip("/")) as f:
+            assert f.size == len(v)
+            f.seek(-10, 2)
+            assert f.read() == v[-10:]
+            f.seek(0)
+            assert f.read() == v
+        got, w = fs.info(first), want[first]
+        assert (got["size"], got["version"], got["mtime"]) == (w.size, w.version, w.mtime)
+        info = fresh.stat(first)
+        assert (info.path, info.size, info.version, info.mtime) == (
+            first,
+            w.size,
+            w.version,
+            w.mtime,
+        )
+        direct = fs._conn.direct(fs.settings, fs.client_cache)
+        assert direct is not None and direct.stat("/acc-open/data/no-such-file") is None
+        assert not direct.off
+        assert fs._conn.aio is None and fresh._loop is None  # no loop was needed
+        with pytest.raises(FileNotFoundError):
+            fs.info("acc-open/data/no-such-file")  # the async path answers it
+        for p, v in files.items():  # the rest, whichever path serves them
+            with fs.open(p.lstrip("/")) as f:
+                assert f.read() == v
+            assert fresh.stat(p).version == want[p].version
+    finally:
+        fs.close()
+        fresh.close()
+
+
 def test_note_local_read_counts_a_local_hit(
     moto: MotoServer, module_cluster: TestCluster, bucket: str
 ) -> None:

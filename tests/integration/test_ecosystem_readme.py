@@ -3,7 +3,9 @@
 against a real cluster holding the datasets the examples name (``imagenet`` over S3,
 ``tables`` and ``laion`` over local directories). The only substitutions: the
 master's URL for the README's ``http://127.0.0.1:19999``, and fewer epochs and
-DataLoader workers in the training loop."""
+DataLoader workers in the training loop. The torchvision block runs with PyPI's torch
+and torchvision, in an overlay over this environment (``shoal.testing.overlay``): this
+venv holds the CPU build of torch, beside which PyPI's torchvision does not import."""
 
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ SECTION = "### Using shoal from Python (fsspec, PyTorch)"
 README_MASTER = "http://127.0.0.1:19999"
 #: (README text, what the test runs instead): the loop's size only
 SMALLER = [("range(90)", "range(2)"), ("num_workers=8", "num_workers=2")]
+#: what a training loop must have produced by its end (appended to the block)
+LOOP_CHECK = (
+    "\n    assert tuple(images.shape[1:]) == (3, 224, 224) and images.dtype == torch.float32, images.shape"
+    "\n    assert set(labels) <= {'n01440764', 'n01443537'} and len(labels) == images.shape[0], labels\n"
+)
 
 
 def python_blocks() -> list[str]:
@@ -43,7 +50,8 @@ BLOCKS = python_blocks()
 
 
 def block_id(code: str) -> str:
-    for key in ("load_dataset", "webdataset", "read_parquet", "DataLoader", "shoal::", "fsspec"):
+    keys = ("load_dataset", "webdataset", "read_parquet", "torchvision", "DataLoader", "shoal::", "fsspec")  # fmt: skip
+    for key in keys:
         if key in code:
             return key.strip(":").replace("_", "-")
     return "block"
@@ -100,11 +108,29 @@ def readme_env(
 
 def test_the_section_has_every_example() -> None:
     ids = {block_id(b) for b in BLOCKS}
-    assert {"load-dataset", "webdataset", "read-parquet", "DataLoader", "shoal"} <= ids
+    want = {"load-dataset", "webdataset", "read-parquet", "torchvision", "DataLoader", "shoal"}
+    assert want <= ids
 
 
+@pytest.fixture(scope="session")
+def torchvision_python() -> Path:
+    """An interpreter with PyPI's torch and torchvision over this environment."""
+    from shoal.testing import overlay
+
+    python = overlay.overlay_python("torchvision", overlay.TORCHVISION, timeout=900)
+    if python is None:
+        pytest.skip(overlay.LAST_ERROR)
+    return python
+
+
+@pytest.mark.timeout(900)  # the torchvision overlay is built once (~1 min from local wheels)
 @pytest.mark.parametrize("code", BLOCKS, ids=[block_id(b) for b in BLOCKS])
-def test_readme_example_runs_as_written(readme_env: dict[str, Any], code: str) -> None:
+def test_readme_example_runs_as_written(
+    readme_env: dict[str, Any], code: str, request: pytest.FixtureRequest
+) -> None:
+    python = sys.executable
+    if "torchvision" in code:
+        python = str(request.getfixturevalue("torchvision_python"))
     if "load_dataset" in code:
         pytest.importorskip("datasets")
     if "webdataset" in code:
@@ -114,6 +140,8 @@ def test_readme_example_runs_as_written(readme_env: dict[str, Any], code: str) -
     code = code.replace(README_MASTER, readme_env["master"])
     for old, new in SMALLER:
         code = code.replace(old, new)
+    if "for images, labels in loader" in code:
+        code += LOOP_CHECK
     env = {
         **os.environ,
         **S3_ENV,
@@ -122,7 +150,7 @@ def test_readme_example_runs_as_written(readme_env: dict[str, Any], code: str) -
         "HF_HUB_DISABLE_TELEMETRY": "1",
     }
     proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [python, "-c", code],
         cwd=readme_env["root"],
         env=env,
         capture_output=True,

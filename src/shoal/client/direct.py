@@ -44,8 +44,8 @@ from shoal.client.handover import (
 )
 from shoal.client.local import EXTRA_OWNERS, TOUCH_EVERY, read_located
 from shoal.config import ClientSettings, token_for
-from shoal.core.types import NEVER, Dataset, split_path
-from shoal.errors import ProtocolError, ShoalError, Unavailable
+from shoal.core.types import NEVER, Dataset, FileInfo, split_path
+from shoal.errors import NotFound, ProtocolError, ShoalError, Unavailable
 from shoal.proto import control as api
 from shoal.proto import wire
 from shoal.proto.messages import (
@@ -53,6 +53,7 @@ from shoal.proto.messages import (
     LocateDirRequest,
     LocateRequest,
     Request,
+    StatRequest,
     decode_reply,
     encode_request,
 )
@@ -163,6 +164,36 @@ class DirectReads:
             self._exit_flush()
             self.touched()
         return data
+
+    def stat(self, path: str) -> FileInfo | None:
+        """A file's metadata as its owner on this host answers a ``STAT`` (what the
+        async path asks last, after its caches), remembered in the client's metadata
+        cache; or None: ask the async path. That is also the answer once a miss in the
+        file's directory should list it (``ClientCache.list_due``, counted as the
+        async path counts): one listing then serves the directory's next stats. A
+        missing file is None too, without turning this path off (``exists()`` asks
+        for such files): the async path raises it."""
+        if self.off or not self.settings.short_circuit:
+            return None
+        try:
+            np = split_path(path)
+            if not np.rel:
+                return None
+            ds = self._dataset(np.dataset)
+            ds.mount(np.mount)
+            if self.cache.list_due(ds, np.key_path.rpartition("/")[0]):
+                return None
+            w = self._owner(ds, np.key_path)
+            m, _fds = self._call(w, StatRequest(ds.name, np.key_path, ds.generation))
+        except NotFound:
+            return None
+        except Exception:  # as in read: the async path takes over from here
+            self.off = True
+            return None
+        info: FileInfo = m.info
+        if not info.is_dir:
+            self.cache.remember(ds.name, info)
+        return FileInfo(str(np), info.size, info.version, info.mtime, info.is_dir)
 
     def _dataset(self, name: str) -> Dataset:
         """The dataset's definition, the ring known: fetched now by a new client."""

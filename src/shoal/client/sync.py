@@ -256,6 +256,8 @@ class Client:
         if self._gen != FORKS[0]:
             self._after_fork()
         info = stat_path(self.cache, path)
+        if info is None and self._loop is None:
+            info = self._direct.stat(path)  # no loop yet: a local owner, on this thread
         if info is not None:
             return info
         return self._run(self._aio.stat(path))

@@ -4,9 +4,15 @@ Some clients users train with cannot be installed beside shoal's test set-up:
 MosaicML streaming imports transformers at import time, whose pins want an older
 huggingface_hub, tokenizers and numpy than the rest of the suite uses. An *overlay* is
 a venv of its own whose site-packages come first and whose ``.pth`` then adds this
-environment's: it holds only the packages named (installed without their
-dependencies, at exact versions), and sees everything else from here. Nothing in this
-environment changes.
+environment's (as site directories, so their own ``.pth`` files run: an editable
+install of shoal imports there too): it holds only the packages named (installed
+without their dependencies, at exact versions), and sees everything else from here.
+Nothing in this environment changes.
+
+The same holds for torch itself: the suite's venv has the CPU build of torch, and
+PyPI's torchvision imports only beside PyPI's (CUDA) build, so :data:`TORCHVISION`
+pins that pair and the CUDA libraries it loads (they run on the CPU; ~4.4 GB, built
+in about a minute from the wheels these machines keep on disk).
 
 Overlays are built once into ``~/.cache/shoal/overlays/<name>`` (``SHOAL_OVERLAY_CACHE``
 moves it), keyed by their pins; :func:`overlay_python` returns the interpreter, or None
@@ -26,6 +32,19 @@ from pathlib import Path
 #: why the last overlay_python() returned None
 LAST_ERROR = ""
 
+#: bumped when the layout of an overlay changes, so old ones are rebuilt
+_LAYOUT = "2"
+
+#: torch and torchvision as a user gets them from PyPI, and what that torch loads at import
+TORCHVISION = [
+    "torch==2.14.1", "torchvision==0.29.1", "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cublas==13.1.1.3", "nvidia-cuda-cupti==13.0.85", "nvidia-cuda-nvrtc==13.0.88",
+    "nvidia-cudnn-cu13==9.24.0.43", "nvidia-cufft==12.0.0.61", "nvidia-cufile==1.15.1.6",
+    "nvidia-curand==10.4.0.35", "nvidia-cusolver==12.0.4.66", "nvidia-cusparse==12.6.3.3",
+    "nvidia-cusparselt-cu13==0.8.1", "nvidia-nccl-cu13==2.30.7", "nvidia-nvjitlink==13.4.92",
+    "nvidia-nvshmem-cu13==3.4.5", "nvidia-nvtx==13.0.85",
+]  # fmt: skip
+
 
 def cache_root() -> Path:
     env = os.environ.get("SHOAL_OVERLAY_CACHE")
@@ -35,7 +54,7 @@ def cache_root() -> Path:
 def overlay_python(name: str, pins: list[str], timeout: float = 600) -> Path | None:
     """The interpreter of overlay ``name`` holding exactly ``pins`` (``pkg==version``)."""
     global LAST_ERROR
-    key = hashlib.sha256("\n".join(sorted(pins)).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join([_LAYOUT, *sorted(pins)]).encode()).hexdigest()[:12]
     root = cache_root() / f"{name}-{key}"
     python = root / "bin" / "python"
     done = root / ".complete"
@@ -50,8 +69,9 @@ def overlay_python(name: str, pins: list[str], timeout: float = 600) -> Path | N
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check=True, capture_output=True, text=True, timeout=60,
         ).stdout.strip()  # fmt: skip
-        # this environment's packages after the overlay's own
-        Path(purelib, "zz-shoal-base.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+        # this environment's packages after the overlay's own, with their .pth files
+        lines = [f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()]
+        Path(purelib, "zz-shoal-base.pth").write_text("".join(lines))
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
              "--disable-pip-version-check", "--target", purelib, *pins],
