@@ -53,6 +53,34 @@ def test_a_capped_cold_pass_limits_warm_passes_to_what_it_cached(monkeypatch: An
     assert calls[-1] == "small-100KB cold p1" and seen[-1][2] == 9.0
 
 
+def test_a_second_cold_pass_that_is_capped_limits_warm_passes_to_what_it_cached(
+    monkeypatch: Any,
+) -> None:
+    # the full run of 2026-12-07: the first cold pass read every file, the second (which
+    # started from an empty cache again) was capped, and the warm passes then read files
+    # that were not cached as if they were
+    keys = [f"d/{i:03d}" for i in range(100)]
+    cold_passes: list[int] = []
+    seen: list[list[str]] = []
+
+    def fake_epoch(c: Any, ks: list[str], procs: int, threads: int, seed: int,
+                   batch: int = 64, cap_s: float | None = None) -> Sample:  # fmt: skip
+        if cap_s == 9.0 and procs == 4:
+            cold_passes.append(1)
+            if len(cold_passes) == 2:
+                return Sample(1.0, 30, 0, 0.0, ks[:30])
+            return Sample(1.0, len(ks), 0, 0.0, None)
+        seen.append(list(ks))
+        return Sample(1.0, len(ks), 0, 0.0, None)
+
+    monkeypatch.setattr(runner, "epoch", fake_epoch)
+    cfg = Config(quick=False, procs=4, warm_reps=2, cold_reps=2, cap_s=5.0, cold_cap_s=9.0)
+    calls = _run_small(cfg, keys)
+    assert calls.count("small-100KB cold p4") == 2
+    warm = seen[:-1]  # the last is the cold p1 pass, over every file
+    assert len(warm) == 4 and all(ks == keys[:30] for ks in warm)
+
+
 def test_a_capped_warm_pass_is_not_repeated(monkeypatch: Any) -> None:
     keys = [f"d/{i:03d}" for i in range(10)]
 

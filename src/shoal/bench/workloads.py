@@ -73,8 +73,10 @@ class Passes:
                 partial(runner.epoch, c, keys, n, cfg.cold_threads, seed + r, cap_s=cfg.cold_cap_s),
                 r == 0,
             )
-            if r == 0 and s is not None and s.read is not None:
-                cached = _keys(s.read)  # what the capped pass left in the cache
+            if s is not None and s.read is not None:
+                # what the capped pass left in the cache: every cold pass starts from an
+                # empty one, so a later capped rep leaves less than the first pass read
+                cached = _keys(s.read)
             if s is None or s.read is not None:
                 break  # failed, or a slow peer: one capped cold pass says enough
         reps = 1 if remote else cfg.warm_reps
