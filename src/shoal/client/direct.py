@@ -44,7 +44,7 @@ from shoal.client.handover import (
 )
 from shoal.client.local import EXTRA_OWNERS, TOUCH_EVERY, read_located
 from shoal.config import ClientSettings, token_for
-from shoal.core.types import NEVER, Dataset, FileInfo, split_path
+from shoal.core.types import NEVER, Dataset, FileInfo, NsPath, split_path
 from shoal.errors import NotFound, ProtocolError, ShoalError, Unavailable
 from shoal.proto import control as api
 from shoal.proto import wire
@@ -150,11 +150,10 @@ class DirectReads:
         if self.off or offset < 0 or not self.settings.short_circuit:
             return None
         try:
-            np = split_path(path)
-            if not np.rel:
+            found = self._file(path)
+            if found is None:
                 return None
-            ds = self._dataset(np.dataset)
-            ds.mount(np.mount)
+            np, ds = found
             w = self._owner(ds, np.key_path)
             data = self._read_local(w, ds, np.key_path, offset, length)
         except Exception:  # _Skip, an error answer, a lost connection, a malformed answer
@@ -176,11 +175,10 @@ class DirectReads:
         if self.off or not self.settings.short_circuit:
             return None
         try:
-            np = split_path(path)
-            if not np.rel:
+            found = self._file(path)
+            if found is None:
                 return None
-            ds = self._dataset(np.dataset)
-            ds.mount(np.mount)
+            np, ds = found
             if self.cache.list_due(ds, np.key_path.rpartition("/")[0]):
                 return None
             w = self._owner(ds, np.key_path)
@@ -194,6 +192,16 @@ class DirectReads:
         if not info.is_dir:
             self.cache.remember(ds.name, info)
         return FileInfo(str(np), info.size, info.version, info.mtime, info.is_dir)
+
+    def _file(self, path: str) -> tuple[NsPath, Dataset] | None:
+        """A file's path and its dataset (a mount it names); None for a dataset or
+        mount root. Raises what the async path would answer."""
+        np = split_path(path)
+        if not np.rel:
+            return None
+        ds = self._dataset(np.dataset)
+        ds.mount(np.mount)
+        return np, ds
 
     def _dataset(self, name: str) -> Dataset:
         """The dataset's definition, the ring known: fetched now by a new client."""
