@@ -15,7 +15,8 @@ pins that pair and the CUDA libraries it loads (they run on the CPU; ~4.4 GB, bu
 in about a minute from the wheels these machines keep on disk).
 
 Overlays are built once into ``~/.cache/shoal/overlays/<name>`` (``SHOAL_OVERLAY_CACHE``
-moves it), keyed by their pins; :func:`overlay_python` returns the interpreter, or None
+moves it), keyed by their pins and by this environment's site directories (which the
+overlay's ``.pth`` names); :func:`overlay_python` returns the interpreter, or None
 with the reason in :data:`LAST_ERROR` (no PyPI, no venv module), so tests can skip.
 """
 
@@ -51,17 +52,29 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "shoal" / "overlays"
 
 
+def overlay_root(name: str, pins: list[str]) -> Path:
+    """Where overlay ``name`` over this environment lives.
+
+    The overlay's ``.pth`` names this environment's site directories, so they are part
+    of the key: a venv elsewhere (another clone) gets an overlay of its own.
+    """
+    parts = [_LAYOUT, *site.getsitepackages(), *sorted(pins)]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return cache_root() / f"{name}-{key}"
+
+
 def overlay_python(name: str, pins: list[str], timeout: float = 600) -> Path | None:
     """The interpreter of overlay ``name`` holding exactly ``pins`` (``pkg==version``)."""
     global LAST_ERROR
-    key = hashlib.sha256("\n".join([_LAYOUT, *sorted(pins)]).encode()).hexdigest()[:12]
-    root = cache_root() / f"{name}-{key}"
+    base = site.getsitepackages()
+    root = overlay_root(name, pins)
     python = root / "bin" / "python"
     done = root / ".complete"
     if done.exists() and python.exists():
         return python
     shutil.rmtree(root, ignore_errors=True)
     root.parent.mkdir(parents=True, exist_ok=True)
+    prune_orphans(name)
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
                        capture_output=True, timeout=120)  # fmt: skip
@@ -70,7 +83,7 @@ def overlay_python(name: str, pins: list[str], timeout: float = 600) -> Path | N
             check=True, capture_output=True, text=True, timeout=60,
         ).stdout.strip()  # fmt: skip
         # this environment's packages after the overlay's own, with their .pth files
-        lines = [f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()]
+        lines = [f"import site; site.addsitedir({d!r})\n" for d in base]
         Path(purelib, "zz-shoal-base.pth").write_text("".join(lines))
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
@@ -84,3 +97,25 @@ def overlay_python(name: str, pins: list[str], timeout: float = 600) -> Path | N
         return None
     done.touch()
     return python
+
+
+def prune_orphans(name: str) -> list[Path]:
+    """Remove overlays ``name`` built over environments that no longer exist.
+
+    Each is gigabytes (torch), and each clean clone with its own venv builds its own, so
+    the overlays of deleted clones are dropped when a new one is built. Returns them.
+    """
+    gone = []
+    for root in cache_root().glob(f"{name}-*"):
+        pths = list(root.glob("lib/python*/site-packages/zz-shoal-base.pth"))
+        dirs = [
+            line.split("addsitedir(", 1)[1].rstrip(")\n").strip("'\"")
+            for pth in pths
+            for line in pth.read_text().splitlines()
+            if "addsitedir(" in line
+        ]
+        if pths and dirs and all(Path(d).is_dir() for d in dirs):
+            continue
+        shutil.rmtree(root, ignore_errors=True)
+        gone.append(root)
+    return gone
