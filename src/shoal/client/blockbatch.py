@@ -7,8 +7,9 @@ dataset and the ring are known and fresh and each file's first healthy owner is 
 another host, the paths are grouped by owner and each group's BATCH (at most
 ``wire.MAX_BATCH`` paths) is sent on this thread's connection to that owner -- all the
 owners' requests first, then their answers read in turn, so several workers answer at
-once -- and each file is one slice of the answer (one copy). Every file is checked
-against its xxh3 and its version remembered, as the async path does.
+once. Every file is checked against its xxh3 and its version remembered, as the async
+path does; each file is received into a bytes object of its own (no copy out of a
+batch-sized buffer).
 
 What this path does not settle goes to the async ``cat_many`` in one call: any path it
 cannot route here (the whole call then), a group whose connection fails, and files a
@@ -111,42 +112,55 @@ def _answer(
     out: Out,
     rest: Rest,
 ) -> None:
-    """Read one BATCH's answer into ``out`` (``rest``: what the async path reads)."""
+    """Read one BATCH's answer into ``out`` (``rest``: what the async path reads).
+
+    Each file is received into a bytes object of its own (no copy out of a batch-sized
+    buffer, whose fresh pages the kernel would also have to fault in), and checked while
+    the next one arrives."""
     try:
-        status, epoch, meta, data = conn.recv()
+        status, epoch, meta, data_len = conn.recv_head()
     except Exception:  # OSError, EOFError, ProtocolError: the async path's
         conn.close()
         rest.extend(p for p, _ in items)
         return
-    b.keep(w, conn)
     try:
         reply = decode_reply(req, status, meta)
-    except ShoalError:
+    except ShoalError:  # the worker's error answer, or a malformed one: the async path's
+        if data_len:
+            conn.close()  # its data not taken: the connection is not reused
+        else:
+            b.keep(w, conn)
         rest.extend(p for p, _ in items)
         return
-    if len(reply.items) != len(items):
+    ok = ItemStatus.OK
+    if len(reply.items) != len(items) or data_len != sum(
+        it.size for it in reply.items if it.status == ok
+    ):
+        conn.close()
         rest.extend(p for p, _ in items)
         return
     c = b.cache
     ring = c.ring
     if ring is not None and epoch > ring.epoch:
         b.on_epoch()
-    view = memoryview(data)
-    pos = 0
-    for (p, _), it in zip(items, reply.items, strict=True):
-        if it.status == ItemStatus.OK:
-            size = it.size
-            end = pos + size
-            chunk = view[pos:end]
-            if len(chunk) != size or _xxh3(chunk) != it.checksum:
+    remember, name = c.remember, ds.name
+    for i, ((p, _), it) in enumerate(zip(items, reply.items, strict=True)):
+        if it.status == ok:
+            try:
+                chunk = conn.recv_data(it.size) if it.size else b""
+            except Exception:  # OSError, EOFError: the rest is the async path's
+                conn.close()
+                rest.extend(p for p, _ in items[i:])
+                return
+            if _xxh3(chunk) != it.checksum:
                 rest.append(p)
             else:
-                c.remember(ds.name, FileInfo(it.path, size, it.version))
-                out[p] = data[pos:end]
-            pos = end
+                remember(name, FileInfo(it.path, it.size, it.version))
+                out[p] = chunk
         elif it.status == ItemStatus.NOT_SMALL:
             rest.append(p)  # larger than a page: read in pages
         else:
             out[p] = it.error()
+    b.keep(w, conn)
     c.counters.remote += 1
-    c.counters.bytes_remote += len(data)
+    c.counters.bytes_remote += data_len

@@ -122,6 +122,14 @@ class _Conn:
     def recv(self) -> tuple[int, int, bytearray, bytes]:
         """(status, epoch, meta, data) of the oldest answer not yet received; OSError,
         EOFError or ProtocolError when the connection is unusable."""
+        status, epoch, meta, data_len = self.recv_head()
+        data = self.recv_data(data_len) if data_len else b""
+        return status, epoch, meta, data
+
+    def recv_head(self) -> tuple[int, int, bytearray, int]:
+        """(status, epoch, meta, data length) of the oldest answer not yet received: its
+        data is next on the connection, to be taken whole by :meth:`recv_data` calls
+        (or the connection closed) before anything else is received."""
         rid, sock = self.sent.popleft(), self.sock
         hdr = bytearray(wire.RESP_HDR.size)
         wire.recv_exactly(sock, memoryview(hdr))
@@ -131,8 +139,11 @@ class _Conn:
             raise ProtocolError(f"response {req_id} for request {rid}")
         meta = bytearray(meta_len)
         wire.recv_exactly(sock, memoryview(meta))
-        data = _recv_bytes(sock, data_len, self.tls) if data_len else b""
-        return status, epoch, meta, data
+        return status, epoch, meta, data_len
+
+    def recv_data(self, n: int) -> bytes:
+        """The next ``n`` bytes of an answer's data."""
+        return _recv_bytes(self.sock, n, self.tls)
 
     def close(self) -> None:
         self.ahead = None
