@@ -163,9 +163,9 @@ def test_index_commits_in_batches(
     commits = []
     real = TierIndex.flush
 
-    def counting(self: TierIndex, *, touches: bool = True) -> bool:
+    def counting(self: TierIndex, *, touches: bool = True, touch_rows: int | None = None) -> bool:
         commits.append(self.pending)
-        return real(self, touches=touches)
+        return real(self, touches=touches, touch_rows=touch_rows)
 
     monkeypatch.setattr(TierIndex, "flush", counting)
     t = open_tier(opened, tier_dir)
@@ -293,3 +293,45 @@ def test_changes_move_with_locations_and_not_with_reads(
     c2 = t.changes()
     t.delete(a)
     assert t.changes() != c2
+
+
+def test_access_statistics_are_written_a_slice_per_commit_and_all_on_close(
+    tmp_path: Path,
+) -> None:
+    """A warm epoch's touches go out ``touch_rows`` per periodic commit (each commit
+    holds the worker's loop), stay due until all are written, and close writes the rest."""
+    import sqlite3
+
+    from shoal.store.index import PageEntry
+
+    clock = Clock(1000.0)
+    path = str(tmp_path / "index.db")
+    idx = TierIndex(path, touch_interval=5.0, touch_rows=100, clock=clock)
+    keys = [fkey(f"f{i}").page(0) for i in range(250)]
+    entries = [PageEntry(0, i * 10, 10, i, last_access=1.0) for i in range(250)]
+    for k, e in zip(keys, entries, strict=True):
+        idx.put_page(k, e)
+    assert idx.flush_due()
+
+    def fresh() -> int:
+        with sqlite3.connect(path) as db:
+            return int(db.execute("SELECT count(*) FROM pages WHERE last_access=2.0").fetchone()[0])
+
+    for k, e in zip(keys, entries, strict=True):
+        e.last_access = 2.0
+        idx.touch(k, e)
+    idx.flush_due()
+    assert fresh() == 0  # not due yet
+    clock.now += 5
+    written = []
+    while idx.touches_due() and len(written) < 10:
+        idx.flush_due()
+        written.append(fresh())
+    assert written == [100, 200, 250]
+    for k, e in zip(keys[:30], entries[:30], strict=True):  # touched again, not due
+        e.last_access = 3.0
+        idx.touch(k, e)
+    idx.flush_due()
+    idx.close()  # writes every access statistic left
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM pages WHERE last_access=3.0").fetchone()[0] == 30

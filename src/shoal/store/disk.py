@@ -455,7 +455,7 @@ class DiskTier(RoomKeeper, HealthReporting, CatalogListings, RunWriter, Tier):
     def flush(self) -> None:
         """Commit buffered index changes now; access statistics only when due (they
         are written on close, and a lost one costs an eviction's precision, no data)."""
-        self._index.flush(touches=self._index.touches_due())
+        self._index.flush_due()
 
     def close(self) -> None:
         if self._closed:

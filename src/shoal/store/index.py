@@ -4,7 +4,9 @@ The tier's in-memory dicts are the runtime truth; this module only makes them su
 restart. Changes are buffered and committed in batches (every ``flush_interval`` seconds
 or ``flush_rows`` changes, checked on each write, and on ``flush``/``close``), never one
 commit per put. Access statistics (``touch``) are persisted lazily, every
-``touch_interval`` seconds. With ``synchronous=NORMAL`` a commit costs no fsync.
+``touch_interval`` seconds, at most ``touch_rows`` per commit (a warm epoch touches
+every page it reads; the rest follow in the next commits), and all of them on
+``close``. With ``synchronous=NORMAL`` a commit costs no fsync.
 
 Schema (one row per page, per large file, per segment)::
 
@@ -23,6 +25,7 @@ catches that on read.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sqlite3
@@ -147,11 +150,13 @@ class TierIndex:
         flush_interval: float = 0.1,
         flush_rows: int = 2000,
         touch_interval: float = 5.0,
+        touch_rows: int = 2000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.flush_interval = flush_interval
         self.flush_rows = flush_rows
         self.touch_interval = touch_interval
+        self.touch_rows = touch_rows
         self._clock = clock
         _private(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -222,7 +227,12 @@ class TierIndex:
         if self.pending >= self.flush_rows or (
             self.pending and now - self._last_flush >= self.flush_interval
         ):
-            self.flush(touches=self.touches_due())
+            self.flush_due()
+
+    def flush_due(self) -> bool:
+        """Commit the buffered changes, and a slice of the access statistics when they
+        are due (what the periodic commits do; :meth:`flush` writes them all)."""
+        return self.flush(touches=self.touches_due(), touch_rows=self.touch_rows)
 
     def touches_due(self) -> bool:
         """Whether access statistics are due to be written (every ``touch_interval``:
@@ -230,10 +240,15 @@ class TierIndex:
         times a second was most of a worker's CPU under short-circuit reads)."""
         return self._clock() - self._last_touch_flush >= self.touch_interval
 
-    def flush(self, *, touches: bool = True) -> bool:
-        """Commit every buffered change (and access statistics); False if SQLite failed."""
+    def flush(self, *, touches: bool = True, touch_rows: int | None = None) -> bool:
+        """Commit every buffered change (and access statistics, at most ``touch_rows``
+        of them: the rest stay due for the next flush); False if SQLite failed."""
         pages, files, segs = self._pages, self._files, self._segs
         touched = self._touched if touches else {}
+        if touch_rows is not None and len(touched) > touch_rows:
+            # a warm epoch's touches a slice per flush: one commit of 20,000 rows held
+            # the worker's loop (every read it serves) for ~140 ms
+            touched = dict(itertools.islice(touched.items(), touch_rows))
         if not (pages or files or segs or touched):
             return True
         now = self._clock()
@@ -283,9 +298,13 @@ class TierIndex:
             self._last_flush = now
             return False
         self._pages, self._files, self._segs = {}, {}, {}
-        if touches:
+        if touched is self._touched:
             self._touched = {}
-            self._last_touch_flush = now
+        else:
+            for k in touched:
+                del self._touched[k]
+        if touches and not self._touched:
+            self._last_touch_flush = now  # else still due: the next slice next time
         self._last_flush = now
         return True
 
