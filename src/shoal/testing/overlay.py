@@ -22,6 +22,7 @@ with the reason in :data:`LAST_ERROR` (no PyPI, no venv module), so tests can sk
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import shutil
@@ -45,6 +46,22 @@ TORCHVISION = [
     "nvidia-cusparselt-cu13==0.8.1", "nvidia-nccl-cu13==2.30.7", "nvidia-nvjitlink==13.4.92",
     "nvidia-nvshmem-cu13==3.4.5", "nvidia-nvtx==13.0.85",
 ]  # fmt: skip
+
+
+#: the overlay's .pth that adds this environment's site directories after its own
+_BASE_PTH = "zz-shoal-base.pth"
+_ADD = "import site; site.addsitedir({!r})"
+
+
+def _base_pth(dirs: list[str]) -> str:
+    return "".join(_ADD.format(d) + "\n" for d in dirs)
+
+
+def _base_dirs(text: str) -> list[str]:
+    """The directories a :func:`_base_pth` text adds."""
+    head = _ADD.partition("{")[0]
+    return [ast.literal_eval(line[len(head) : -1]) for line in text.splitlines()
+            if line.startswith(head) and line.endswith(")")]  # fmt: skip
 
 
 def cache_root() -> Path:
@@ -83,8 +100,7 @@ def overlay_python(name: str, pins: list[str], timeout: float = 600) -> Path | N
             check=True, capture_output=True, text=True, timeout=60,
         ).stdout.strip()  # fmt: skip
         # this environment's packages after the overlay's own, with their .pth files
-        lines = [f"import site; site.addsitedir({d!r})\n" for d in base]
-        Path(purelib, "zz-shoal-base.pth").write_text("".join(lines))
+        Path(purelib, _BASE_PTH).write_text(_base_pth(base))
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
              "--disable-pip-version-check", "--target", purelib, *pins],
@@ -107,13 +123,8 @@ def prune_orphans(name: str) -> list[Path]:
     """
     gone = []
     for root in cache_root().glob(f"{name}-*"):
-        pths = list(root.glob("lib/python*/site-packages/zz-shoal-base.pth"))
-        dirs = [
-            line.split("addsitedir(", 1)[1].rstrip(")\n").strip("'\"")
-            for pth in pths
-            for line in pth.read_text().splitlines()
-            if "addsitedir(" in line
-        ]
+        pths = list(root.glob(f"lib/python*/site-packages/{_BASE_PTH}"))
+        dirs = [d for pth in pths for d in _base_dirs(pth.read_text())]
         if pths and dirs and all(Path(d).is_dir() for d in dirs):
             continue
         shutil.rmtree(root, ignore_errors=True)
