@@ -131,6 +131,43 @@ def test_large_file_by_passthrough(world: World) -> None:
     assert m.requests("READ") == reads  # not one READ reached the daemon
 
 
+def test_a_directory_of_large_files_is_handed_over_in_one_ask(world: World, tmp_path: Path) -> None:
+    """The first open of each cached large file takes its data file's descriptor from
+    its directory's answer: one ask of the local workers for the directory, not one
+    round trip per file; every byte the kernel then reads by passthrough is exact."""
+    src = tmp_path / "src" / "shards"
+    src.mkdir(parents=True)
+    rng = random.Random(21)
+    data = {f"s{i}.bin": rng.randbytes(2 * MiB + i * 4099) for i in range(6)}
+    for name, b in data.items():
+        (src / name).write_bytes(b)
+    (src / "small.txt").write_bytes(b"tiny")
+    with world.cluster.client() as c:
+        c.create_dataset("shards", [Mount("s", (tmp_path / "src").as_uri())])
+        for name, b in data.items():
+            assert c.cat(f"/shards/s/shards/{name}") == b
+            got = c.open_local(f"/shards/s/shards/{name}", load=False)
+            assert got is not None  # kept whole on its worker
+            os.close(got[0])
+    with mounted(world.cluster.master_url, tmp_path / "m", "--dataset", "shards") as m:
+        if not m.state["passthrough"]:
+            pytest.skip("the kernel did not grant FUSE passthrough")
+        d = m.path / "shards/s/shards"
+        for name in data:
+            os.stat(d / name)
+        calls = m.metrics()["shoal_fuse_client_calls_total"]
+        for name, b in data.items():
+            assert (d / name).read_bytes() == b, name
+        after = m.metrics()
+        assert after['shoal_fuse_opens_total{mode="passthrough"}'] == len(data)
+        assert after["shoal_fuse_client_calls_total"] == calls + 1
+        assert (d / "small.txt").read_bytes() == b"tiny"
+        # a second pass reuses the registrations: no ask at all
+        for name, b in data.items():
+            assert (d / name).read_bytes() == b, name
+        assert m.metrics()["shoal_fuse_client_calls_total"] <= calls + 2
+
+
 def test_large_directory(world: World) -> None:
     d = world.mnt.path / "local/dir"
     t = time.monotonic()

@@ -22,14 +22,13 @@ storage.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from shoal.client import batch
+from shoal.client import batch, wholefile
 from shoal.client.ahead import AHEAD, Ahead
 from shoal.client.cache import ClientCache, WorkerAddr
 from shoal.client.control import ControlPlane
@@ -54,7 +53,7 @@ from shoal.errors import (
     Unavailable,
 )
 from shoal.proto.master_api import MasterAPI
-from shoal.proto.messages import DropRequest, LocateRequest, ReadRequest
+from shoal.proto.messages import DropRequest, ReadRequest
 
 if TYPE_CHECKING:
     from shoal.ufs.base import UnderStore
@@ -360,39 +359,13 @@ class AsyncClient:
         host has every page of it in one data file (a complete large file); else None.
         With ``load=False`` the worker answers from its cache only and never fetches.
         The caller owns (and closes) the descriptor. For FUSE passthrough and mmap."""
-        router = self.router
-        ds, np = await router.resolve(path)
-        if not np.rel:
-            raise IsADirectory(str(np))
-        ds.mount(np.mount)
-        for w in await router.owners(ds, np.key_path):
-            if not router.is_local(w):
-                continue
-            try:
-                try:
-                    resp = await router.send(w, _whole_file(ds, np.key_path, load), True)
-                except StaleLayout:
-                    ds = await router.dataset(ds.name, refresh=True)
-                    resp = await router.send(w, _whole_file(ds, np.key_path, load), True)
-            except Unavailable as exc:
-                router.mark_suspect(w, exc)
-                continue
-            m = resp.reply
-            if m.miss:
-                return None
-            info = FileInfo(str(np), m.size, m.version, m.mtime)
-            self.cache.remember(ds.name, FileInfo(np.key_path, m.size, m.version, m.mtime))
-            pages = m.pages
-            whole = (
-                len(resp.fds) == 1
-                and all(p[0] == 0 for p in pages)
-                and all(p[1] == (m.first + i) * ds.policy.page_size for i, p in enumerate(pages))
-                and pages[0][1] == 0
-            )
-            for fd in resp.fds[1:] if whole else resp.fds:
-                os.close(fd)
-            return (resp.fds[0], info) if whole else None
-        return None
+        return await wholefile.open_local(self, path, load)
+
+    async def open_local_dir(self, path: str) -> dict[str, tuple[int, FileInfo]]:
+        """What :meth:`open_local` (``load=False``) would hand over for each file of
+        directory ``path``, in one round trip per local worker: by namespace path. The
+        caller owns every descriptor. See :mod:`shoal.client.wholefile`."""
+        return await wholefile.open_local_dir(self, path)
 
     async def cat_many(self, paths: Iterable[str]) -> dict[str, bytes | ShoalError]:
         """Whole files, batched: one request per worker for the files it owns."""
@@ -422,11 +395,6 @@ def _expected_len(size: int, offset: int, length: int) -> int:
     """How many bytes a read of [offset, offset+length) of a file of ``size`` returns."""
     end = size if length < 0 else min(size, offset + length)
     return max(0, end - offset)
-
-
-def _whole_file(ds: Dataset, key: str, load: bool) -> LocateRequest:
-    """LOCATE of a whole file (``load=False``: cached only, never fetched)."""
-    return LocateRequest(ds.name, key, None, 0, -1, not load, 0, ds.policy.page_size, ds.generation)
 
 
 def _slice(data: bytes, first: int, page_size: int, offset: int, length: int) -> bytes:

@@ -30,6 +30,13 @@ TOP_TTL = 5.0
 BLKSIZE = 1 << 20
 #: seconds an open waits for the local worker to hold a large file whole (passthrough)
 PASSTHROUGH_WAIT = 3.0
+#: seconds a descriptor handed over by a directory's answer waits for its file's first
+#: open (then it is closed), and a directory is not asked again within
+HANDED_FOR = 30.0
+#: handed-over descriptors held at once (the oldest are closed first)
+MAX_HANDED = 512
+#: directories whose last ask is remembered
+MAX_DIRS_ASKED = 4096
 #: passthrough registrations held; beyond this the idle ones (kept after their last
 #: release for the next open) are dropped, least recently used first, as each holds
 #: its data file open

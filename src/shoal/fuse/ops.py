@@ -87,6 +87,9 @@ class FileSystem(DirectoryOps, PassthroughOps):
         self.backing_close: Callable[[int], None] | None = None
         self._idle: OrderedDict[int, tuple[Node, int]] = OrderedDict()
         self._idle_bytes = 0
+        self._handed: OrderedDict[str, tuple[int, FileInfo, float]] = OrderedDict()
+        self._dirs_asked: OrderedDict[str, float] = OrderedDict()
+        self._dirs_asking: dict[str, asyncio.Future[None]] = {}
         #: writes FUSE notifications to the kernel (set by the daemon)
         self.notify: Callable[[list[bytes]], Coroutine[Any, Any, None]] | None = None
         #: negative entries handed out inside datasets: (parent ino, name) -> dataset
