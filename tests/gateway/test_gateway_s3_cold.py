@@ -58,3 +58,26 @@ def test_cold_parts_probe_the_whole_file_once(
     # one probe (it missed: the file is not complete) and one read per part; before,
     # every part probed first: 2 * parts
     assert _locates(cluster) - before == parts + 1
+
+
+def test_warm_parts_ask_the_worker_once_per_version(
+    s3_gateway: Gateway, s3_client_for: Any, gw_dataset: GatewayData
+) -> None:
+    """A cached large object's parts go out with sendfile from one descriptor, asked
+    for once and kept (``LocalFiles``): a whole-file LOCATE costs the worker a lookup
+    per page, so one per part cost the square of the object's size."""
+    cluster, moto = gw_dataset.cluster, gw_dataset.moto
+    name = "gw-warm-parts"
+    body = os.urandom(4 * PART)
+    make_bucket(moto.endpoint, name, {"big.bin": body})
+    cluster.s3_dataset(name, moto.endpoint, name=name)
+    with cluster.client() as c:
+        assert c.cat(f"/{name}/data/big.bin") == body  # cached whole on its worker
+    s3 = s3_client_for(s3_gateway.url, "everyone")
+    before = _locates(cluster)
+    for _ in range(2):
+        for k in range(4):
+            rng = f"bytes={k * PART}-{(k + 1) * PART - 1}"
+            got = s3.get_object(Bucket=name, Key="data/big.bin", Range=rng)
+            assert got["Body"].read() == body[k * PART : (k + 1) * PART]
+    assert _locates(cluster) - before == 1  # was one per part: 8

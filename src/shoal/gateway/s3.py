@@ -36,6 +36,7 @@ from urllib.parse import unquote, unquote_to_bytes
 from aiohttp import web
 
 from shoal.client.aio import AsyncClient
+from shoal.client.wholefile import LocalFiles
 from shoal.client.writes import Writer
 from shoal.errors import PathOutsideDataset, ShoalError
 from shoal.gateway import s3_buckets, s3_copy, s3_multipart, s3_objects, s3_writes
@@ -105,6 +106,7 @@ class S3Gateway:
         self.writer = Writer(client)
         self.indexes = IndexCache()
         self.probes = s3_objects.Probes()
+        self.local = LocalFiles(client)
         spool = Path(spool_dir) if spool_dir else Path(os.environ.get("TMPDIR", "/tmp"))
         # multipart uploads outlive this process: a fixed directory, shared by replicas
         uploads = Path(uploads_dir) if uploads_dir else spool / f"shoal-s3-uploads-{os.getuid()}"
@@ -125,6 +127,7 @@ class S3Gateway:
     async def _cleanup(self, app: web.Application) -> None:
         await self.writer.close()
         self.uploads.close()
+        self.local.close()
         await self.client.close()
 
     # -- the one handler ---------------------------------------------------------------

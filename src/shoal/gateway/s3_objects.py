@@ -8,7 +8,8 @@ GET at the store, not a HEAD and a GET. The body goes out one of three ways:
 
 - up to :data:`SMALL` bytes: one ``client.read`` (from the located pages of a local
   worker: a pread in this process) and one write;
-- a complete large file on a local worker: its descriptor (``open_local``) and
+- a complete large file on a local worker: its descriptor (``open_local``, kept a few
+  seconds for the object's next ranged GETs: ``LocalFiles``) and
   ``sendfile`` (:func:`shoal.gateway.server.send_file_range`); a file found
   incomplete there is asked for again only every :data:`PROBE_EVERY` GETs
   (:class:`Probes`);
@@ -184,14 +185,9 @@ async def get_object(gw: S3Gateway, ctx: Ctx, head: bool) -> web.StreamResponse:
         return web.Response(status=status, body=data, headers=headers)
     fd = None
     if info.size >= LOCAL_MIN and gw.probes.due(ctx.path, info.version):
-        got = await gw.client.open_local(ctx.path, load=False)
-        if got is None:
+        fd = await gw.local.open(ctx.path, info.version, info.size)
+        if fd is None:
             gw.probes.missed(ctx.path, info.version)
-        else:
-            fd, local = got
-            if local.version != info.version or local.size != info.size:
-                os.close(fd)
-                fd = None
     resp = web.StreamResponse(status=status, headers=headers)
     resp.content_length = length
     try:

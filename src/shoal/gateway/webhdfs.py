@@ -39,6 +39,7 @@ import aiohttp.web_protocol
 from aiohttp import web
 
 from shoal.client.aio import AsyncClient
+from shoal.client.wholefile import LocalFiles
 from shoal.core.types import FileInfo, split_path
 from shoal.errors import InvalidArgument, IsADirectory, NotFound, PermissionDenied, ShoalError
 from shoal.gateway import webhdfs_json as js
@@ -120,6 +121,8 @@ class WebHdfsGateway:
         #: shoal.gateway.webhdfs_write.Writes, or None for a read-only gateway
         self.writes = writes
         self._checksums: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        #: descriptors of whole local files, for the file's next OPENs (sendfile)
+        self.local = LocalFiles(client)
         self.get_ops: dict[str, Handler] = {
             "GETFILESTATUS": self.getfilestatus,
             "LISTSTATUS": self.liststatus,
@@ -139,7 +142,11 @@ class WebHdfsGateway:
         app = web.Application(client_max_size=1 << 20)
         app.router.add_get("/metrics", self.metrics.handler)
         app.router.add_route("*", PREFIX + "{tail:.*}", self.dispatch)
+        app.on_cleanup.append(self._cleanup)
         return app
+
+    async def _cleanup(self, app: web.Application) -> None:
+        self.local.close()
 
     # -- dispatch ---------------------------------------------------------------------
 
@@ -332,14 +339,11 @@ class WebHdfsGateway:
         sent = 0
         local = None
         if count >= SENDFILE_MIN:
-            local = await self.client.open_local(req.path, load=False)
-        if local is not None and local[1].version != info.version:
-            os.close(local[0])
-            local = None
+            local = await self.local.open(req.path, info.version, info.size)
         await resp.prepare(req.http)
         try:
             if local is not None:
-                sent = await send_file_range(req.http, resp, local[0], offset, count)
+                sent = await send_file_range(req.http, resp, local, offset, count)
             else:
                 while sent < count:
                     n = min(CHUNK, count - sent)
@@ -356,7 +360,7 @@ class WebHdfsGateway:
             raise ConnectionResetError("read failed mid-response") from None
         finally:
             if local is not None:
-                os.close(local[0])
+                os.close(local)
         await resp.write_eof()
         resp.shoal_bytes = sent  # type: ignore[attr-defined]
         return resp
