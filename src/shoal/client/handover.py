@@ -201,7 +201,8 @@ def take_dir(
     return m.full
 
 
-_RUN_TYPES = (str, str, int, (int, float), int, int)
+#: a LOCATE_DIR run's fields: path, version, size, mtime, descriptor slot, offset
+RUN_TYPES = (str, str, int, (int, float), int, int)
 
 
 def _take_dir_runs(
@@ -218,7 +219,7 @@ def _take_dir_runs(
         if (
             type(r) is not list
             or len(r) != 6
-            or not all(map(isinstance, r, _RUN_TYPES))
+            or not all(map(isinstance, r, RUN_TYPES))
             or r[2] <= ps
             or not 0 <= r[4] < len(keys)
             or r[5] < 0

@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from shoal.client.handover import RUN_TYPES
 from shoal.core.paging import page_count
 from shoal.core.types import NEVER, Dataset, FileInfo
 from shoal.errors import IsADirectory, ProtocolError, StaleLayout, Unavailable
@@ -138,16 +139,11 @@ def _whole_runs(ds: Dataset, key: str, m: LocateDirReply, fds: list[int]) -> dic
     prefix = f"{key}/" if key else ""
     out: dict[str, Whole] = {}
     for r in runs:
-        if type(r) is not list or len(r) != 6:
+        if type(r) is not list or len(r) != 6 or not all(map(isinstance, r, RUN_TYPES)):
             return out
         path, version, size, mtime, slot, offset = r
         if (
-            type(path) is not str
-            or type(version) is not str
-            or type(size) is not int
-            or not isinstance(mtime, (int, float))
-            or type(slot) is not int
-            or offset != 0
+            offset != 0
             or not 0 <= slot < len(fds)
             or fds[slot] < 0
             or not path.startswith(prefix)
