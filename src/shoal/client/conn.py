@@ -236,9 +236,9 @@ class Connection:
         self._req_id = (self._req_id + 1) & 0xFFFFFFFF
         self.answered = False
         self.framed = False
+        fds: list[int] = []  # received with the answer's first bytes; ours until returned
         try:
             await self._sendall(encode_request(req, self._req_id))
-            fds: list[int] = []
             hdr = memoryview(self._hdr)
             if want_fds and self.unix:
                 got = await self._recv_with_fds(hdr, fds)
@@ -259,15 +259,16 @@ class Connection:
                 data = bytes(view)
         except (OSError, EOFError) as exc:
             self.close()
+            _close_all(fds)
             raise Unavailable(f"worker connection lost: {exc}") from None
         except BaseException:
-            self.close()  # half-read response: the connection is unusable
+            self.close()  # half-read response (cancelled, timed out): the connection is unusable
+            _close_all(fds)
             raise
         try:
             reply = decode_reply(req, status, meta_buf)
         except BaseException:
-            for fd in fds:
-                os.close(fd)
+            _close_all(fds)
             raise
         return Response(reply, data, epoch, fds)
 
@@ -317,6 +318,12 @@ class Connection:
             self.answered = True
             fds.extend(wire.fds_of(anc))
             return n
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
 
 
 async def _speaks_tls(address: tuple[str, int], timeout: float) -> bool:

@@ -101,7 +101,16 @@ async def open_local_dir(client: AsyncClient, path: str) -> dict[str, Whole]:
     ds.mount(np.mount)
     await router.ring()
     local = [w for w in client.cache.workers.values() if router.is_local(w)]
-    answers = await asyncio.gather(*(_dir_runs(client, w, ds, np.key_path) for w in local))
+    asks = [asyncio.ensure_future(_dir_runs(client, w, ds, np.key_path)) for w in local]
+    try:
+        answers = await asyncio.gather(*asks)
+    except BaseException:
+        # cancelled (the caller's time limit) or failed: the answers that came, or come
+        # still, hold descriptors nobody will take
+        for t in asks:
+            t.cancel()
+            t.add_done_callback(_close_answer)
+        raise
     out: dict[str, Whole] = {}
     for got in answers:
         for p, (fd, info) in got.items():
@@ -110,6 +119,12 @@ async def open_local_dir(client: AsyncClient, path: str) -> dict[str, Whole]:
             else:
                 out[p] = (fd, info)
     return out
+
+
+def _close_answer(t: asyncio.Future[dict[str, Whole]]) -> None:
+    if not t.cancelled() and t.exception() is None:
+        for fd, _info in t.result().values():
+            os.close(fd)
 
 
 async def _dir_runs(client: AsyncClient, w: WorkerAddr, ds: Dataset, key: str) -> dict[str, Whole]:
