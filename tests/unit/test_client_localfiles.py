@@ -93,3 +93,22 @@ def test_kept_descriptors_expire_and_are_bounded(tmp_path: Path) -> None:
         assert _open_fds() == before
 
     asyncio.run(run())
+
+
+def test_only_a_file_whole_from_offset_0_is_taken_as_whole() -> None:
+    from shoal.client.wholefile import _whole
+    from shoal.proto.messages import LocateReply
+
+    ps = 1 << 20
+    size = 3 * ps + 5  # 4 pages
+    assert _whole(LocateReply("v", size, run=[0, 0, 0, 4]), ps)
+    assert not _whole(LocateReply("v", size, run=[0, ps, 0, 4]), ps)  # not from offset 0
+    assert not _whole(LocateReply("v", size, run=[0, 0, 0, 3]), ps)  # a page short
+    assert not _whole(LocateReply("v", size, run=[1, 0, 0, 4]), ps)  # another descriptor
+    assert not _whole(LocateReply("v", size, run=[0, 0, 0]), ps)  # malformed
+    pages = [[0, i * ps, ps, 0] for i in range(4)]
+    assert _whole(LocateReply("v", size, pages=pages), ps)
+    assert not _whole(LocateReply("v", size, pages=pages[:3]), ps)
+    assert not _whole(LocateReply("v", size, first=1, pages=pages), ps)
+    assert not _whole(LocateReply("v", size, pages=[[0, 0, ps, 0], [-1, 0, ps, 0]] * 2), ps)
+    assert not _whole(LocateReply("v", size), ps)

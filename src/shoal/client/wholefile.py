@@ -30,7 +30,7 @@ from shoal.client.handover import RUN_TYPES
 from shoal.core.paging import page_count
 from shoal.core.types import NEVER, Dataset, FileInfo
 from shoal.errors import IsADirectory, ProtocolError, StaleLayout, Unavailable
-from shoal.proto.messages import LocateDirReply, LocateDirRequest, LocateRequest
+from shoal.proto.messages import LocateDirReply, LocateDirRequest, LocateReply, LocateRequest
 
 if TYPE_CHECKING:
     from shoal.client.aio import AsyncClient
@@ -74,17 +74,32 @@ async def open_local(client: AsyncClient, path: str, load: bool) -> Whole | None
             return None
         info = FileInfo(str(np), m.size, m.version, m.mtime)
         client.cache.remember(ds.name, FileInfo(np.key_path, m.size, m.version, m.mtime))
-        pages = m.pages
-        whole = (
-            len(resp.fds) == 1
-            and all(p[0] == 0 for p in pages)
-            and all(p[1] == (m.first + i) * ds.policy.page_size for i, p in enumerate(pages))
-            and pages[0][1] == 0
-        )
+        whole = len(resp.fds) == 1 and _whole(m, ds.policy.page_size)
         for fd in resp.fds[1:] if whole else resp.fds:
             os.close(fd)
         return (resp.fds[0], info) if whole else None
     return None
+
+
+def _whole(m: LocateReply, ps: int) -> bool:
+    """Whether LOCATE answer ``m`` hands over its file whole from offset 0 of its one
+    descriptor: as one run (what a worker answers when the file is kept whole), or as
+    that descriptor's pages in order from offset 0."""
+    run = m.run
+    if run:
+        return (
+            type(run) is list
+            and len(run) == 4
+            and run[:3] == [0, 0, 0]
+            and run[3] == page_count(m.size, ps)
+        )
+    pages = m.pages
+    return (
+        bool(pages)
+        and m.first == 0
+        and all(p[0] == 0 and p[1] == i * ps for i, p in enumerate(pages))
+        and len(pages) == page_count(m.size, ps)
+    )
 
 
 async def open_local_dir(client: AsyncClient, path: str) -> dict[str, Whole]:
@@ -237,4 +252,5 @@ class LocalFiles:
 
 def _whole_file(ds: Dataset, key: str, load: bool) -> LocateRequest:
     """LOCATE of a whole file (``load=False``: cached only, never fetched)."""
-    return LocateRequest(ds.name, key, None, 0, -1, not load, 0, ds.policy.page_size, ds.generation)
+    ps, gen = ds.policy.page_size, ds.generation
+    return LocateRequest(ds.name, key, None, 0, -1, not load, 0, ps, gen, True)

@@ -327,6 +327,10 @@ class DataService:
             return None if pages is None else ops.read_answer(r.dataset, pages, local)
         if isinstance(req, LocateRequest):
             q = req
+            if q.runs and q.offset == 0 and q.length < 0:  # a whole file, asked as a run
+                whole = ops.whole_run(q.dataset, q.path, q.version)
+                if whole is not None:
+                    return whole
             pages = self.loader.try_cached(q.dataset, q.path, q.version, q.offset, q.length)
             return None if pages is None else ops.locate_answer(q.dataset, pages, q.ahead, q.runs)
         if isinstance(req, LocateDirRequest):
