@@ -24,7 +24,8 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from shoal.client.handover import RUN_TYPES
 from shoal.core.paging import page_count
@@ -40,6 +41,7 @@ log = logging.getLogger("shoal.client")
 
 #: a descriptor and the file it holds whole
 Whole = tuple[int, FileInfo]
+K = TypeVar("K")
 
 #: seconds a kept descriptor serves further reads of its file version (LocalFiles)
 KEEP_FOR = 10.0
@@ -187,6 +189,59 @@ def _whole_runs(ds: Dataset, key: str, m: LocateDirReply, fds: list[int]) -> dic
     return out
 
 
+class KeptFds(Generic[K]):
+    """Descriptors of whole files kept a while for their next use, each with the file
+    it holds (its :class:`FileInfo`) and the monotonic time it came; oldest first. Each
+    holds its data file open, also after the worker evicted it: none is kept past
+    ``keep_for`` seconds or beyond ``limit`` at once."""
+
+    def __init__(self, keep_for: float, limit: int) -> None:
+        self.keep_for = keep_for
+        self.limit = limit
+        self._kept: OrderedDict[K, tuple[int, FileInfo, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._kept)
+
+    def put(self, key: K, fd: int, info: FileInfo, now: float) -> None:
+        """Keep ``fd`` (now this object's) under ``key``, closing the one it replaces
+        and the oldest beyond the limit."""
+        old = self._kept.pop(key, None)
+        if old is not None:
+            os.close(old[0])
+        self._kept[key] = (fd, info, now)
+        while len(self._kept) > self.limit:
+            os.close(self._kept.popitem(last=False)[1][0])
+
+    def get(self, key: K) -> Whole | None:
+        """The kept descriptor and its file (still this object's), if any."""
+        hit = self._kept.get(key)
+        return None if hit is None else (hit[0], hit[1])
+
+    def pop(self, key: K) -> Whole | None:
+        """The kept descriptor and its file, now the caller's (who closes it)."""
+        hit = self._kept.pop(key, None)
+        return None if hit is None else (hit[0], hit[1])
+
+    def expire(self, now: float) -> None:
+        """Close those kept ``keep_for`` seconds or more."""
+        kept = self._kept
+        while kept:
+            fd, _, at = next(iter(kept.values()))
+            if now - at < self.keep_for:
+                return
+            kept.popitem(last=False)
+            os.close(fd)
+
+    def close(self) -> None:
+        for fd, _, _ in self._kept.values():
+            os.close(fd)
+        self._kept.clear()
+
+
 class LocalFiles:
     """Descriptors from :func:`open_local` (``load=False``) kept ``keep_for`` seconds
     for the next reads of the same file version. A gateway serves a large object as
@@ -197,25 +252,23 @@ class LocalFiles:
 
     def __init__(self, client: AsyncClient, keep_for: float = KEEP_FOR, limit: int = KEEP_FDS):
         self._client = client
-        self._keep_for = keep_for
-        self._limit = limit
-        #: (path, version) -> (descriptor, size, monotonic time asked), oldest first
-        self._kept: OrderedDict[tuple[str, str], tuple[int, int, float]] = OrderedDict()
+        #: by (path, version), each with the time it was asked
+        self._kept: KeptFds[tuple[str, str]] = KeptFds(keep_for, limit)
         self._asking: dict[tuple[str, str], asyncio.Future[None]] = {}
 
     async def open(self, path: str, version: str, size: int) -> int | None:
         """A new descriptor (the caller closes it) of the data file of a worker on this
         host that holds ``path`` at ``version`` (of ``size`` bytes) whole; else None."""
         key = (path, version)
-        self._expire(time.monotonic())
-        if key not in self._kept:
+        self._kept.expire(time.monotonic())
+        if self._kept.get(key) is None:
             pending = self._asking.get(key)
             if pending is not None:
                 await asyncio.shield(pending)
             else:
                 await self._ask(key, size)
         hit = self._kept.get(key)
-        if hit is None or hit[1] != size:
+        if hit is None or hit[1].size != size:
             return None
         return os.dup(hit[0])
 
@@ -232,22 +285,10 @@ class LocalFiles:
         if (info.version, info.size) != (key[1], size):
             os.close(fd)  # another version than the caller serves
             return
-        self._kept[key] = (fd, size, time.monotonic())
-        while len(self._kept) > self._limit:
-            os.close(self._kept.popitem(last=False)[1][0])
-
-    def _expire(self, now: float) -> None:
-        while self._kept:
-            fd, _, at = next(iter(self._kept.values()))
-            if now - at < self._keep_for:
-                return
-            self._kept.popitem(last=False)
-            os.close(fd)
+        self._kept.put(key, fd, info, time.monotonic())
 
     def close(self) -> None:
-        for fd, _, _ in self._kept.values():
-            os.close(fd)
-        self._kept.clear()
+        self._kept.close()
 
 
 def _whole_file(ds: Dataset, key: str, load: bool) -> LocateRequest:

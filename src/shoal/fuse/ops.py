@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from shoal.client.aio import AsyncClient, read_located
+from shoal.client.wholefile import KeptFds
 from shoal.core.types import NEVER, Dataset, FileInfo
 from shoal.errors import NotFound, UserError
 from shoal.fuse import protocol as p
@@ -39,6 +40,8 @@ from shoal.fuse.dirs import DirectoryOps
 from shoal.fuse.nodes import (
     BLKSIZE,
     FOREVER,
+    HANDED_FOR,
+    MAX_HANDED,
     MAX_NEGATIVE,
     TOP_TTL,
     Handler,
@@ -87,7 +90,7 @@ class FileSystem(DirectoryOps, PassthroughOps):
         self.backing_close: Callable[[int], None] | None = None
         self._idle: OrderedDict[int, tuple[Node, int]] = OrderedDict()
         self._idle_bytes = 0
-        self._handed: OrderedDict[str, tuple[int, FileInfo, float]] = OrderedDict()
+        self._handed: KeptFds[str] = KeptFds(HANDED_FOR, MAX_HANDED)
         self._dirs_asked: OrderedDict[str, float] = OrderedDict()
         self._dirs_asking: dict[str, asyncio.Future[None]] = {}
         #: writes FUSE notifications to the kernel (set by the daemon)

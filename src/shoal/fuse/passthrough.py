@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from shoal.client.aio import AsyncClient
+from shoal.client.wholefile import KeptFds
 from shoal.core.types import FileInfo
 from shoal.errors import ShoalError
 from shoal.fuse import protocol as p
@@ -37,7 +38,6 @@ from shoal.fuse.nodes import (
     HANDED_FOR,
     MAX_BACKING,
     MAX_DIRS_ASKED,
-    MAX_HANDED,
     MAX_IDLE_BYTES,
     PASSTHROUGH_WAIT,
     Node,
@@ -56,9 +56,8 @@ class PassthroughOps:
     #: nodes whose registration is kept while no open uses it, least recent first
     _idle: OrderedDict[int, tuple[Node, int]]
     _idle_bytes: int
-    #: descriptors a directory's answer handed over, by path, oldest first, with the
-    #: file they hold whole and when they came
-    _handed: OrderedDict[str, tuple[int, FileInfo, float]]
+    #: descriptors a directory's answer handed over, by path, until their files' opens
+    _handed: KeptFds[str]
     #: directories asked (monotonic time, oldest first), and those being asked now
     _dirs_asked: OrderedDict[str, float]
     _dirs_asking: dict[str, asyncio.Future[None]]
@@ -120,11 +119,11 @@ class PassthroughOps:
         itself. Cached only: an uncached file is read through the daemon (which caches
         it) instead of waiting for the worker to load all of it first."""
         d = n.path.rpartition("/")[0]
-        got = self._handed.pop(n.path, None)
+        got = self._handed.pop(n.path)
         if got is None and await self._ask_directory(d):
-            got = self._handed.pop(n.path, None)
+            got = self._handed.pop(n.path)
         if got is not None:
-            return got[0], got[1]
+            return got
         self.stats.client_calls += 1
         try:
             one = await asyncio.wait_for(
@@ -146,7 +145,7 @@ class PassthroughOps:
             await asyncio.shield(pending)
             return True
         now = time.monotonic()
-        self._expire_handed(now)
+        self._handed.expire(now)
         at = self._dirs_asked.get(d)
         if at is not None and now - at < HANDED_FOR:
             return False
@@ -165,23 +164,8 @@ class PassthroughOps:
             del self._dirs_asking[d]
             done.set_result(None)
         for path, (fd, info) in got.items():
-            old = self._handed.pop(path, None)
-            if old is not None:
-                os.close(old[0])
-            self._handed[path] = (fd, info, now)
-        while len(self._handed) > MAX_HANDED:
-            os.close(self._handed.popitem(last=False)[1][0])
+            self._handed.put(path, fd, info, now)
         return True
-
-    def _expire_handed(self, now: float) -> None:
-        """Close the handed-over descriptors whose file was not opened in time (each
-        holds its data file, also after the worker evicted it)."""
-        while self._handed:
-            fd, _, at = next(iter(self._handed.values()))
-            if now - at < HANDED_FOR:
-                return
-            self._handed.popitem(last=False)
-            os.close(fd)
 
     def _release_passthrough(self, n: Node) -> None:
         n.passthrough_opens -= 1
@@ -221,9 +205,7 @@ class PassthroughOps:
 
     def close_backing(self) -> None:
         """Drop every passthrough registration and handed descriptor (on shutdown)."""
-        for fd, _, _ in self._handed.values():
-            os.close(fd)
-        self._handed.clear()
+        self._handed.close()
         self._idle.clear()
         self._idle_bytes = 0
         for n in self.nodes.values():
