@@ -94,7 +94,15 @@ start() {
     inns ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$uuid" >"$DIR/log/osd-mkfs.log" 2>&1
     touch "$DIR/osd/mon.osd-created"
   fi
-  alive "$RUN/osd.0.pid" || inns ceph-osd -c "$CONF" -i 0
+  # the OSD's first command to a monitor that has just started can go out before it
+  # has the monitor's map ("wrong fsid", EPERM): its init fails, and a retry succeeds
+  local try
+  for try in 1 2 3 4 5; do
+    alive "$RUN/osd.0.pid" && break
+    inns ceph-osd -c "$CONF" -i 0 && break
+    echo "ceph-osd did not start (try $try); again" >&2
+    sleep 2
+  done
   alive "$RUN/client.rgw.bench.pid" || inns radosgw -c "$CONF" -n client.rgw.bench --rgw-frontends "beast endpoint=$ADDR:$PORT"
   local i
   for i in $(seq 1 600); do

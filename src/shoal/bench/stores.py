@@ -4,6 +4,7 @@ directory (the physical-limit contender reads it there) and uploaded to the stor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -121,7 +122,12 @@ class RgwStore(Store):
         return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
 
     def start(self) -> RgwStore:
-        self.endpoint = self._run("start", str(self.dir), self.link.remote_ip, str(self.port))
+        try:
+            self.endpoint = self._run("start", str(self.dir), self.link.remote_ip, str(self.port))
+        except (RuntimeError, subprocess.TimeoutExpired):
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                self.stop()  # whatever did start (a monitor) is not left running
+            raise
         return self
 
     def stop(self) -> None:
