@@ -113,8 +113,9 @@ class AsyncClient:
     async def jobs(self) -> dict[str, Any]:
         return await self.control.jobs()
 
-    async def job(self, job_id: str) -> dict[str, Any]:
-        return await self.control.job(job_id)
+    async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any]:
+        """A job's view; with ``wait``, once it has ended or after ``wait`` seconds."""
+        return await self.control.job(job_id, wait)
 
     async def stop_job(self, job_id: str) -> dict[str, Any]:
         return await self.control.stop_job(job_id)

@@ -107,8 +107,8 @@ class ControlPlane:
     async def jobs(self) -> dict[str, Any]:
         return await self.api.jobs()
 
-    async def job(self, job_id: str) -> dict[str, Any]:
-        return await self.api.job(job_id)
+    async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any]:
+        return await self.api.job(job_id, wait)
 
     async def stop_job(self, job_id: str) -> dict[str, Any]:
         return await self.api.stop_job(job_id)

@@ -13,8 +13,10 @@ similar whole objects that front-ends (the S3 gateway) pass through. A write goe
    (with its new manifest id) fetched again, so the next read here is the new bytes.
 
 Step 2 is most of a write's cost beyond the upload (a job round trip, about tens of
-milliseconds on an idle local cluster; see docs/gateways.md), and with a manifest the
-next listing or stat fetches the new manifest once.
+milliseconds on an idle local cluster; see docs/gateways.md): the writer long-polls the
+master for the job's end (``GET /api/v1/jobs/{id}?wait=S``), so it learns of it when it
+happens rather than at its next poll. With a manifest the next listing or stat fetches
+the new manifest once.
 
 Writes go only to drivers built on fsspec (s3, file, webhdfs and the generic one);
 another driver is an InvalidArgument naming its scheme.
@@ -52,6 +54,8 @@ SYNC_TIMEOUT = 120.0
 #: deletes of one DeleteObjects request in flight at once
 DELETE_CONCURRENCY = 16
 _POLL_FIRST, _POLL_MAX = 0.01, 0.25
+#: seconds the master holds one wait for a job's end
+_WAIT = 10.0
 
 
 class Writer:
@@ -153,12 +157,16 @@ class Writer:
         deadline = time.monotonic() + self.sync_timeout
         pause = _POLL_FIRST
         while view.get("state") not in (*FINAL, "stopped"):
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise Unavailable(f"sync job {job_id} did not finish in {self.sync_timeout:.0f}s")
-            # the master has no completion event for one job: poll, backing off
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, _POLL_MAX)
-            view = await self.client.job(job_id)
+            asked = time.monotonic()
+            view = await self.client.job(job_id, wait=min(left, _WAIT))
+            if time.monotonic() - asked < _WAIT / 2 and view.get("state") not in FINAL:
+                # answered at once, unfinished: a master that does not hold the request
+                # (an older one); poll it, backing off
+                await asyncio.sleep(pause)
+                pause = min(pause * 1.5, _POLL_MAX)
         if gone_ok and view.get("state") in ("done", "failed"):
             return
         if view.get("state") != "done" or view.get("files_failed"):

@@ -2,7 +2,10 @@
 
 Workers long-poll ``GET /api/v1/workers/{id}/tasks?wait=S`` for work and report with
 ``POST /api/v1/tasks/{id}`` (JSON, or msgpack for large listing results). Watchers
-long-poll ``GET /api/v1/watch`` (the contract is in :mod:`shoal.proto.control`).
+long-poll ``GET /api/v1/watch`` (the contract is in :mod:`shoal.proto.control`). A
+caller waiting for a job's end long-polls ``GET /api/v1/jobs/{id}?wait=S``: answered
+when the job is done, failed or stopped, or after S seconds (30 at most) with its view
+then.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
-from shoal.core.jobs import JobSpec
+from shoal.core.jobs import FINAL, STOPPED, JobSpec
 from shoal.errors import InvalidArgument
 from shoal.master.jobs import JobManager
+from shoal.master.jobstate import Job
 from shoal.master.validate import parse_json
 from shoal.proto import control
 
@@ -33,6 +37,22 @@ _JOBS: web.AppKey[JobManager] = web.AppKey("jobs", JobManager)
 _WAKE: web.AppKey[list[asyncio.Event]] = web.AppKey("wake", list)
 _CLOSING: web.AppKey[list[bool]] = web.AppKey("closing", list)
 _GEN: web.AppKey[list[asyncio.Event]] = web.AppKey("generation", list)
+_ENDED: web.AppKey[list[asyncio.Event]] = web.AppKey("ended", list)
+
+#: a job's states after which it does nothing more (unless resumed)
+ENDED = (*FINAL, STOPPED)
+#: seconds a long-poll may be held at most
+MAX_WAIT = 30.0
+
+
+def _wait_arg(request: web.Request) -> float:
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise InvalidArgument("wait must be a number of seconds") from None
+    if not math.isfinite(wait):
+        raise InvalidArgument("wait must be a number of seconds")
+    return min(MAX_WAIT, max(0.0, wait))
 
 
 async def _decode(request: web.Request) -> Any:
@@ -61,7 +81,19 @@ async def _list(request: web.Request) -> web.Response:
 
 
 async def _get(request: web.Request) -> web.Response:
-    return web.json_response(request.app[_JOBS].get(request.match_info["id"]))
+    jobs, jid = request.app[_JOBS], request.match_info["id"]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _wait_arg(request)
+    while True:
+        event = request.app[_ENDED][0]
+        view = jobs.get(jid)
+        left = deadline - loop.time()
+        if view.get("state") in ENDED or left <= 0 or request.app[_CLOSING][0]:
+            return web.json_response(view)
+        try:
+            await asyncio.wait_for(event.wait(), left)
+        except TimeoutError:
+            pass
 
 
 async def _stop(request: web.Request) -> web.Response:
@@ -75,12 +107,8 @@ async def _resume(request: web.Request) -> web.Response:
 async def _claim(request: web.Request) -> web.Response:
     jobs = request.app[_JOBS]
     wid = request.match_info["id"]
-    try:
-        wait = min(30.0, max(0.0, float(request.query.get("wait", "0"))))
-    except ValueError:
-        raise InvalidArgument("wait must be a number of seconds") from None
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
+    deadline = loop.time() + _wait_arg(request)
     while True:
         event = request.app[_WAKE][0]
         task = jobs.claim(wid)
@@ -168,11 +196,24 @@ def add_job_routes(app: web.Application, jobs: JobManager) -> None:
         old.set()
 
     jobs.on_generation = generation_moved
+    app[_ENDED] = [asyncio.Event()]
+
+    def ended() -> None:
+        events = app[_ENDED]
+        old, events[0] = events[0], asyncio.Event()
+        old.set()
+
+    def job_written(job: Job) -> None:
+        if job.state in ENDED:
+            ended()
+
+    jobs.state.on_put_job = job_written
 
     async def closing(app: web.Application) -> None:
         app[_CLOSING][0] = True  # long-polls answer now instead of holding up the shutdown
         wake()
         generation_moved()
+        ended()
 
     app.on_shutdown.append(closing)
     app.router.add_post(JOBS, _submit)

@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,8 @@ NO_ITEMS: list[Any] = []
 
 class JobState:
     def __init__(self, state_dir: str) -> None:
+        #: called with each job written (the master's routes wake those waiting on it)
+        self.on_put_job: Callable[[Job], None] = lambda j: None
         os.makedirs(state_dir, exist_ok=True)
         self.dir = state_dir
         self.manifest_dir = os.path.join(state_dir, "manifests")
@@ -144,6 +147,10 @@ class JobState:
     # -- jobs -----------------------------------------------------------------------
 
     def put_job(self, j: Job) -> None:
+        self._put_job(j)
+        self.on_put_job(j)
+
+    def _put_job(self, j: Job) -> None:
         self._x(
             "INSERT INTO jobs(id, spec, state, created, updated, finished, error, schedule, listed)"
             " VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET state=excluded.state,"

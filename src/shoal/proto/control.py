@@ -30,6 +30,12 @@ from in the last 10 s has polled again with ``since >= `` that generation, or af
 holds up no job for more than 5 s, and none at all once it has been silent for 10 s.
 Watchers are kept in the master's memory only: after a master restart they count again
 from their next poll.
+
+Waiting for a job (``GET /api/v1/jobs/{id}?wait=S``): the job's view, as without
+``wait``, but answered only once the job is ``done``, ``failed`` or ``stopped``, or
+when S seconds (a float, capped at 30) have passed, with its view then. A writer that
+awaits its sync job this way learns of its end when it happens, not at its next poll.
+A master from before this parameter answers at once; callers fall back to polling.
 """
 
 from __future__ import annotations

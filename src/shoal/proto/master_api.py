@@ -356,8 +356,18 @@ class MasterAPI:
     async def jobs(self) -> dict[str, Any]:
         return cast(dict[str, Any], await self._object("GET", api.JOBS))
 
-    async def job(self, job_id: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self._object("GET", api.job_path(job_id)))
+    async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any]:
+        """A job's view; with ``wait``, once it has ended (done, failed or stopped) or
+        after ``wait`` seconds (30 at most), whichever comes first (a master that does
+        not hold the request answers at once)."""
+        if wait <= 0:
+            return cast(dict[str, Any], await self._object("GET", api.job_path(job_id)))
+        wait = min(wait, 30.0)
+        params = {"wait": repr(float(wait))}
+        data = await self._object(
+            "GET", api.job_path(job_id), params=params, timeout=wait + 15, connect=5
+        )
+        return cast(dict[str, Any], data)
 
     async def stop_job(self, job_id: str) -> dict[str, Any]:
         return cast(dict[str, Any], await self._object("POST", api.job_path(job_id, "stop")))
