@@ -189,8 +189,10 @@ def _follow(c: Client, job_id: str, as_json: bool) -> int:
     view = _poll(c, job_id)
     if as_json or not sys.stderr.isatty():
         while view["state"] not in (*FINAL, "stopped"):
-            time.sleep(0.3)
-            view = _poll(c, job_id)
+            asked = time.monotonic()
+            view = c.job(job_id, wait=10.0)  # answered when it ends
+            if time.monotonic() - asked < 0.3 and view["state"] not in (*FINAL, "stopped"):
+                time.sleep(0.3)  # a master that answers at once (older): poll
     else:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

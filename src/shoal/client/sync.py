@@ -305,8 +305,9 @@ class Client:
     def jobs(self) -> dict[str, Any]:
         return self._run(self._aio.jobs())
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self._run(self._aio.job(job_id))
+    def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any]:
+        """A job's view; with ``wait``, once it has ended or after ``wait`` seconds."""
+        return self._run(self._aio.job(job_id, wait))
 
     def stop_job(self, job_id: str) -> dict[str, Any]:
         return self._run(self._aio.stop_job(job_id))
