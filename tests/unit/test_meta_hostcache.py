@@ -6,6 +6,7 @@ records are misses; the client's metadata table answers from it without records.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,35 @@ def test_the_metadata_table_answers_from_the_host_without_records(root: Path) ->
     assert c.meta.get(("ds", "data/a/f2.bin")) is None
     c.forget_dataset("ds")
     assert c.meta.get(("ds", "data/a/f1.bin")) is None
+
+
+def test_old_logs_are_swept_at_most_once_per_sweep_every(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostmeta, "_SWEPT", [float("-inf")])
+    root.mkdir(mode=0o700)
+    writer = HostMeta("http://m:1", Clock())
+    old = time.time() - hostmeta.HOST_TTL - 10
+
+    def stale_log(folder: str) -> Path:
+        d = root / folder
+        d.mkdir(mode=0o700)
+        log = d / "1-dead.log"
+        log.write_bytes(b"x")
+        os.utime(log, (old, old))
+        os.utime(d, (old, old))
+        return log
+
+    gone = stale_log("old-incarnation")
+    writer.put(_ds(generation=1), "data/a", _listing(2))  # a new folder: swept first
+    assert not gone.exists()
+    kept = stale_log("another-old-one")
+    # every sync makes a new incarnation: its first write does not scan the host again
+    writer.put(_ds(generation=2), "data/a", _listing(2))
+    assert kept.exists()
+    monkeypatch.setattr(hostmeta, "SWEEP_EVERY", 0.0)
+    writer.put(_ds(generation=3), "data/a", _listing(2))
+    assert not kept.exists()
+    reader = HostMeta("http://m:1", Clock())
+    space = reader.space(_ds(generation=3))  # what this process wrote stays
+    assert space is not None and space.lookup("data/a/f1.bin") is not None

@@ -57,6 +57,9 @@ MAX_LOG = 16 << 20
 MAX_READ = 64 << 20
 #: seconds between looks for logs and records other processes added (slow path only)
 RECHECK = 0.5
+#: seconds between one process's sweeps of old logs (each new folder it writes would
+#: otherwise scan every folder: a writer makes a new one per sync of its dataset)
+SWEEP_EVERY = 30.0
 #: the environment variable that names the directory ("off": no host cache)
 ENV = "SHOAL_META_DIR"
 
@@ -70,6 +73,8 @@ _LISTING, _TOMB = 0, 1
 _LOGS: dict[str, tuple[str, int]] = {}
 _LOCK = threading.Lock()
 _PID = [os.getpid()]
+#: when this process last swept old logs (monotonic)
+_SWEPT = [float("-inf")]
 
 
 def _boot_id() -> str:
@@ -353,7 +358,10 @@ class HostMeta:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
             try:
                 if not name:
-                    _sweep(os.path.dirname(folder))
+                    now = time.monotonic()
+                    if now - _SWEPT[0] >= SWEEP_EVERY:
+                        _SWEPT[0] = now
+                        _sweep(os.path.dirname(folder))
                     os.makedirs(folder, mode=0o700, exist_ok=True)
                     name = f"{os.getpid()}-{os.urandom(4).hex()}.log"
                     flags |= os.O_CREAT | os.O_EXCL
