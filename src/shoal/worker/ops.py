@@ -266,8 +266,9 @@ class Ops:
         # the pages just read must be that file's (not a copy in another tier)
         if not all(isinstance(p, Location) and p.path == loc.path for p in pages.pieces):
             return None
+        answer = self._run_reply(dataset, info, loc, sums, pages.ufs_bytes > 0)
         self._served_locally(dataset, pages)
-        return self._run_reply(dataset, info, loc, sums, pages.ufs_bytes > 0)
+        return answer
 
     def whole_run(self, dataset: str, path: str, version: str | None) -> Answer | None:
         """A LOCATE of a whole file (asked for as a run) that is cached and kept whole in
@@ -301,8 +302,9 @@ class Ops:
             return None
         if loader.store.touch_pages(fk, 0, n) != n:
             return None  # expired meanwhile: the usual path answers
+        answer = self._run_reply(dataset, info, loc, sums, False)
         self.stats.served(dataset, info.size, 0, True)
-        return self._run_reply(dataset, info, loc, sums, False)
+        return answer
 
     def _run_reply(
         self, dataset: str, info: FileInfo, loc: Location, sums: list[int], ufs: bool
