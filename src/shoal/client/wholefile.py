@@ -8,9 +8,9 @@ local worker). A mount's first open of each large file of a directory would othe
 cost one round trip to the worker per file: about 0.6 ms each, most of it in the
 mount's own single thread, which held the first warm pass over a mixed dataset at
 about half the rate of the passes after it. And kept a few seconds for the next reads
-of the same version (:class:`LocalFiles`): a whole-file LOCATE costs the worker a
-lookup per page of the file, so asking for it per ranged read costs the square of the
-file's size.
+of the same version (:class:`LocalFiles`): even answered from the file's run (the
+worker's fast path for a whole-file ask), a LOCATE of a 1 GiB file costs a few
+milliseconds, and asking for it per ranged read would cost that per part.
 
 Neither path checks the bytes itself: the kernel reads a passthrough file with no
 checksum, as it reads any local file. The worker checks the pages it hands over in
@@ -246,9 +246,10 @@ class LocalFiles:
     """Descriptors from :func:`open_local` (``load=False``) kept ``keep_for`` seconds
     for the next reads of the same file version. A gateway serves a large object as
     many ranged GETs (boto3's transfer manager: 8 MiB parts, 16 at once), and each
-    asked the worker for the whole file: a lookup per page of the file every time,
-    7.5 ms of the worker's CPU per part of a 1 GiB file, 1.1 s per GiB read. Now one
-    ask per file version and ``keep_for``; concurrent asks for one version share one."""
+    asked the worker for the whole file: then a lookup per page of the file every
+    time, 7.5 ms of the worker's CPU per part of a 1 GiB file, 1.1 s per GiB read.
+    Now one ask per file version and ``keep_for``; concurrent asks for one version
+    share one."""
 
     def __init__(self, client: AsyncClient, keep_for: float = KEEP_FOR, limit: int = KEEP_FDS):
         self._client = client
