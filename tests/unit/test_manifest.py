@@ -119,3 +119,41 @@ def test_a_malformed_manifest_is_a_protocol_error(change: dict[str, object]) -> 
     man = Manifest("ds", [Entry("m/a", 1, "v", 1.0), Entry("m/b", 2, "v", 1.0)], 1.0)
     with pytest.raises(ProtocolError, match="unreadable manifest"):
         Manifest.from_bytes(_v3(man, **change))
+
+
+@pytest.mark.parametrize("splice_max", [256, 0])  # columns spliced; one pass over rows
+def test_replacing_named_files_equals_a_rebuild(
+    splice_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from shoal.core import manifest as m
+
+    monkeypatch.setattr(m, "SPLICE_MAX", splice_max)
+    rng = random.Random(7)
+    for _ in range(60):
+        n = rng.randrange(0, 40)
+        base = [
+            Entry(
+                f"d{rng.randrange(5)}/f{i:03d}", i, f"v{i}", 1.5 + i, 0, rng.choice(["", "", "t"])
+            )
+            for i in range(n)
+        ]
+        old = Manifest("ds", base, 1.0)
+        paths = [e.path for e in base]
+        named = rng.sample(paths, min(len(paths), rng.randrange(0, 4)))
+        named += [f"d{rng.randrange(5)}/new{k}" for k in range(rng.randrange(0, 3))]
+        # each named file: listed again (changed or new) or gone from under storage
+        fresh = [
+            [p, 7, f"w{k}", 9.25, 9_250_000_001 + k, rng.choice(["", "lnk"])]
+            for k, p in enumerate(named)
+            if rng.random() < 0.7
+        ]
+        got = old.replace_rows(named, fresh, 2.0)
+        want = Manifest(
+            "ds",
+            [e for e in base if e.path not in set(named)] + [Entry.from_row(r) for r in fresh],
+            2.0,
+        )
+        assert got.to_bytes() == want.to_bytes(), (named, fresh)
+        assert old.to_bytes() == Manifest("ds", base, 1.0).to_bytes()  # the old one unchanged

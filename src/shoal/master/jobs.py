@@ -25,7 +25,7 @@ from typing import Any
 from shoal.core import cron
 from shoal.core import jobs as J
 from shoal.core.jobs import JobSpec, Progress
-from shoal.core.manifest import Entry, Manifest
+from shoal.core.manifest import Manifest
 from shoal.core.ring import Ring
 from shoal.core.types import Dataset
 from shoal.errors import NotFound
@@ -273,10 +273,7 @@ class JobManager(WorkerShares):
         prefixes = job.spec.prefixes() if job.spec.files is None else []
         if job.spec.files is not None:
             # only the named files were looked at: replace exactly those
-            named = set(job.spec.files)
-            keep = [e for e in old.select([""]) if e.path not in named]
-            fresh = [Entry.from_row(row) for row in entries]  # [path, size, version, mtime(, ns)]
-            new = Manifest(ds.name, [*keep, *fresh], self._clock())
+            new = old.replace_rows(job.spec.files, entries, self._clock())
         else:
             # rows straight into the table: an object per listed file held the master's
             # loop (and its heartbeats) for seconds at a million files
