@@ -21,7 +21,7 @@ from tenacity import (
 from shoal.cli.common import client
 from shoal.cli.output import add_json, add_master, emit_json, human_bytes, table
 from shoal.client import Client
-from shoal.core.jobs import FINAL, JobSpec
+from shoal.core.jobs import ENDED, JobSpec
 from shoal.core.types import split_path
 from shoal.errors import InvalidArgument, ShoalError, Unavailable
 
@@ -188,11 +188,8 @@ def _files_text(v: dict[str, Any]) -> str:
 def _follow(c: Client, job_id: str, as_json: bool) -> int:
     view = _poll(c, job_id)
     if as_json or not sys.stderr.isatty():
-        while view["state"] not in (*FINAL, "stopped"):
-            asked = time.monotonic()
+        while view["state"] not in ENDED:
             view = c.job(job_id, wait=10.0)  # answered when it ends
-            if time.monotonic() - asked < 0.3 and view["state"] not in (*FINAL, "stopped"):
-                time.sleep(0.3)  # a master that answers at once (older): poll
     else:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -218,7 +215,7 @@ def _follow(c: Client, job_id: str, as_json: bool) -> int:
                     rate=f"{human_bytes(view.get('bytes_per_s') or 0)}/s",
                     files=_files_text(view),
                 )
-                if view["state"] in (*FINAL, "stopped"):
+                if view["state"] in ENDED:
                     break
                 time.sleep(0.3)
                 view = _poll(c, job_id)

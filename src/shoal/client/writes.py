@@ -29,7 +29,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.jobs import FINAL
+from shoal.core.jobs import ENDED
 from shoal.core.types import FileInfo, Mount, split_path
 from shoal.errors import (
     InvalidArgument,
@@ -53,7 +53,6 @@ log = logging.getLogger("shoal.client.writes")
 SYNC_TIMEOUT = 120.0
 #: deletes of one DeleteObjects request in flight at once
 DELETE_CONCURRENCY = 16
-_POLL_FIRST, _POLL_MAX = 0.01, 0.25
 #: seconds the master holds one wait for a job's end
 _WAIT = 10.0
 
@@ -155,18 +154,11 @@ class Writer:
 
     async def _wait(self, job_id: str, view: dict[str, Any], gone_ok: bool) -> None:
         deadline = time.monotonic() + self.sync_timeout
-        pause = _POLL_FIRST
-        while view.get("state") not in (*FINAL, "stopped"):
+        while view.get("state") not in ENDED:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Unavailable(f"sync job {job_id} did not finish in {self.sync_timeout:.0f}s")
-            asked = time.monotonic()
             view = await self.client.job(job_id, wait=min(left, _WAIT))
-            if time.monotonic() - asked < _WAIT / 2 and view.get("state") not in FINAL:
-                # answered at once, unfinished: a master that does not hold the request
-                # (an older one); poll it, backing off
-                await asyncio.sleep(pause)
-                pause = min(pause * 1.5, _POLL_MAX)
         if gone_ok and view.get("state") in ("done", "failed"):
             return
         if view.get("state") != "done" or view.get("files_failed"):

@@ -40,6 +40,8 @@ PENDING, LISTING, RUNNING, DONE, FAILED, STOPPED = (
 )
 ACTIVE = (PENDING, LISTING, RUNNING)
 FINAL = (DONE, FAILED)
+#: states after which a job does nothing more (unless resumed)
+ENDED = (DONE, FAILED, STOPPED)
 
 # task kinds and states
 T_LIST, T_LOAD, T_FREE, T_INVALIDATE = "list", "load", "free", "invalidate"

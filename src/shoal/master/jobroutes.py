@@ -11,13 +11,15 @@ then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 from aiohttp import web
 
-from shoal.core.jobs import FINAL, STOPPED, JobSpec
+from shoal.core.jobs import ENDED, JobSpec
 from shoal.errors import InvalidArgument
 from shoal.master.jobs import JobManager
 from shoal.master.jobstate import Job
@@ -39,8 +41,8 @@ _CLOSING: web.AppKey[list[bool]] = web.AppKey("closing", list)
 _GEN: web.AppKey[list[asyncio.Event]] = web.AppKey("generation", list)
 _ENDED: web.AppKey[list[asyncio.Event]] = web.AppKey("ended", list)
 
-#: a job's states after which it does nothing more (unless resumed)
-ENDED = (*FINAL, STOPPED)
+T = TypeVar("T")
+
 #: seconds a long-poll may be held at most
 MAX_WAIT = 30.0
 
@@ -53,6 +55,33 @@ def _wait_arg(request: web.Request) -> float:
     if not math.isfinite(wait):
         raise InvalidArgument("wait must be a number of seconds")
     return min(MAX_WAIT, max(0.0, wait))
+
+
+async def _hold(
+    request: web.Request,
+    events: web.AppKey[list[asyncio.Event]],
+    wait: float,
+    probe: Callable[[], tuple[bool, T]],
+) -> T:
+    """What ``probe`` says once it says it is ready, or when ``wait`` seconds have
+    passed or the master shuts down (what it says then); looked at again each time
+    ``events`` is pulsed (the event is taken before each look, so no pulse is missed)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        event = request.app[events][0]
+        ready, value = probe()
+        left = deadline - loop.time()
+        if ready or left <= 0 or request.app[_CLOSING][0]:
+            return value
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), left)
+
+
+def _pulse(app: web.Application, events: web.AppKey[list[asyncio.Event]]) -> None:
+    """Wake every long-poll waiting on ``events`` (the next ones wait on a fresh event)."""
+    old, app[events][0] = app[events][0], asyncio.Event()
+    old.set()
 
 
 async def _decode(request: web.Request) -> Any:
@@ -82,18 +111,12 @@ async def _list(request: web.Request) -> web.Response:
 
 async def _get(request: web.Request) -> web.Response:
     jobs, jid = request.app[_JOBS], request.match_info["id"]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _wait_arg(request)
-    while True:
-        event = request.app[_ENDED][0]
+
+    def probe() -> tuple[bool, dict[str, Any]]:
         view = jobs.get(jid)
-        left = deadline - loop.time()
-        if view.get("state") in ENDED or left <= 0 or request.app[_CLOSING][0]:
-            return web.json_response(view)
-        try:
-            await asyncio.wait_for(event.wait(), left)
-        except TimeoutError:
-            pass
+        return view.get("state") in ENDED, view
+
+    return web.json_response(await _hold(request, _ENDED, _wait_arg(request), probe))
 
 
 async def _stop(request: web.Request) -> web.Response:
@@ -105,20 +128,13 @@ async def _resume(request: web.Request) -> web.Response:
 
 
 async def _claim(request: web.Request) -> web.Response:
-    jobs = request.app[_JOBS]
-    wid = request.match_info["id"]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _wait_arg(request)
-    while True:
-        event = request.app[_WAKE][0]
+    jobs, wid = request.app[_JOBS], request.match_info["id"]
+
+    def probe() -> tuple[bool, Any]:
         task = jobs.claim(wid)
-        left = deadline - loop.time()
-        if task is not None or left <= 0 or request.app[_CLOSING][0]:
-            return web.json_response({"task": task})
-        try:
-            await asyncio.wait_for(event.wait(), left)
-        except TimeoutError:
-            pass
+        return task is not None, task
+
+    return web.json_response({"task": await _hold(request, _WAKE, _wait_arg(request), probe)})
 
 
 async def _report(request: web.Request) -> web.Response:
@@ -153,21 +169,17 @@ def _watch_args(request: web.Request) -> tuple[int, float, str]:
 async def _watch(request: web.Request) -> web.Response:
     since, timeout, watcher = _watch_args(request)
     jobs = request.app[_JOBS]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+
+    def probe() -> tuple[bool, int]:
+        gen = jobs.generation()
+        return gen > since, gen
+
     jobs.watch_begin(watcher, since)
     try:
-        while True:
-            event = request.app[_GEN][0]
-            gen = jobs.generation()
-            left = deadline - loop.time()
-            if gen > since or left <= 0 or request.app[_CLOSING][0]:
-                body: control.WatchResponse = {"datasets_generation": gen}
-                return web.json_response(body)
-            try:
-                await asyncio.wait_for(event.wait(), left)
-            except TimeoutError:
-                pass
+        body: control.WatchResponse = {
+            "datasets_generation": await _hold(request, _GEN, timeout, probe)
+        }
+        return web.json_response(body)
     finally:
         jobs.watch_end(watcher)
 
@@ -179,41 +191,22 @@ async def _manifest(request: web.Request) -> web.Response:
 
 def add_job_routes(app: web.Application, jobs: JobManager) -> None:
     app[_JOBS] = jobs
-    app[_WAKE] = [asyncio.Event()]
-
-    def wake() -> None:
-        events = app[_WAKE]
-        old, events[0] = events[0], asyncio.Event()
-        old.set()
-
-    jobs.on_tasks = wake
     app[_CLOSING] = [False]
-    app[_GEN] = [asyncio.Event()]
-
-    def generation_moved() -> None:
-        events = app[_GEN]
-        old, events[0] = events[0], asyncio.Event()
-        old.set()
-
-    jobs.on_generation = generation_moved
-    app[_ENDED] = [asyncio.Event()]
-
-    def ended() -> None:
-        events = app[_ENDED]
-        old, events[0] = events[0], asyncio.Event()
-        old.set()
+    for key in (_WAKE, _GEN, _ENDED):
+        app[key] = [asyncio.Event()]
+    jobs.on_tasks = lambda: _pulse(app, _WAKE)
+    jobs.on_generation = lambda: _pulse(app, _GEN)
 
     def job_written(job: Job) -> None:
         if job.state in ENDED:
-            ended()
+            _pulse(app, _ENDED)
 
     jobs.state.on_put_job = job_written
 
     async def closing(app: web.Application) -> None:
         app[_CLOSING][0] = True  # long-polls answer now instead of holding up the shutdown
-        wake()
-        generation_moved()
-        ended()
+        for key in (_WAKE, _GEN, _ENDED):
+            _pulse(app, key)
 
     app.on_shutdown.append(closing)
     app.router.add_post(JOBS, _submit)

@@ -35,7 +35,9 @@ Waiting for a job (``GET /api/v1/jobs/{id}?wait=S``): the job's view, as without
 ``wait``, but answered only once the job is ``done``, ``failed`` or ``stopped``, or
 when S seconds (a float, capped at 30) have passed, with its view then. A writer that
 awaits its sync job this way learns of its end when it happens, not at its next poll.
-A master from before this parameter answers at once; callers fall back to polling.
+A master from before this parameter answers at once; shoal's client
+(``MasterAPI.job``) then pauses 0.1 s before it returns such an early answer, so a
+caller that loops on it polls that master.
 """
 
 from __future__ import annotations

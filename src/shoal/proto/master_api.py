@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import msgpack
 
 from shoal.config import tls_ca_for, token_for
+from shoal.core.jobs import ENDED
 from shoal.core.manifest import Manifest
 from shoal.core.records import record
 from shoal.core.tls import WHAT_TO_PASS, TLSRefused, client_context
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 #: manifests of at least this many bytes are decoded in a thread (smaller ones inline:
 #: a thread hop costs more than their decode)
 MANIFEST_INLINE_MAX = 1 << 20
+#: seconds between looks at a job when the master does not hold a wait for its end
+OLD_MASTER_POLL = 0.1
 
 #: returns the aiohttp session to send on (created, or re-created, by the caller)
 SessionFactory = Callable[[], "aiohttp.ClientSession"]
@@ -358,15 +361,21 @@ class MasterAPI:
 
     async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any]:
         """A job's view; with ``wait``, once it has ended (done, failed or stopped) or
-        after ``wait`` seconds (30 at most), whichever comes first (a master that does
-        not hold the request answers at once)."""
+        after ``wait`` seconds (30 at most), whichever comes first. A master from before
+        the ``wait`` parameter answers at once: an unended view that comes back that
+        early is returned after a short pause, so callers that loop on this poll such
+        a master instead of spinning."""
         if wait <= 0:
             return cast(dict[str, Any], await self._object("GET", api.job_path(job_id)))
         wait = min(wait, 30.0)
         params = {"wait": repr(float(wait))}
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
         data = await self._object(
             "GET", api.job_path(job_id), params=params, timeout=wait + 15, connect=5
         )
+        if data.get("state") not in ENDED and loop.time() - asked < wait / 2:
+            await asyncio.sleep(min(wait, OLD_MASTER_POLL))
         return cast(dict[str, Any], data)
 
     async def stop_job(self, job_id: str) -> dict[str, Any]:
